@@ -1,0 +1,71 @@
+"""Command-line interface: ``mocap-jax <command> ...`` (also ``python -m mocap_jax``).
+
+Each feature module contributes its sub-commands through a ``register(subparsers)``
+function; this file only wires them up and turns bad input into one clear message
+and exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute sub-commands, in the order they appear in --help.
+COMMAND_MODULES = (
+    "mocap_jax.commands",          # simulate, max-seq, models, hardware, bench pipeline
+    "mocap_jax.mbkr_cli",          # placement (MBKR issue)
+    "mocap_jax.lbcp_cli",          # compare, partition, bench anneal (LBCP issue)
+    "mocap_jax.validation.cli",    # validate, calibrate, bench reference
+    "mocap_jax.sweep_cli",         # sweep, reproduce, bench sweep
+    "mocap_jax.wsc.cli",           # wsc-llm ...
+)
+
+
+class UsageError(ValueError):
+    """Bad command-line input (reported as one line, exit code 2)."""
+
+
+def _bench_parser(sub):
+    """The shared ``bench`` command; benchmark modules add their targets to it."""
+    bench = sub.add_parser("bench", help="benchmarks (commands, not tests): pipeline, anneal, reference, sweep")
+    return bench.add_subparsers(dest="bench_target", metavar="TARGET", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mocap-jax",
+        description="Vectorised simulator of prefill-only LLM inference (MOCAP) and serving (WSC-LLM) on wafer-scale chips.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"mocap-jax {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    bench_sub = _bench_parser(sub)
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue  # feature not built yet
+            raise
+        mod.register(sub, bench_sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except ValueError as e:  # SpecError, UsageError and API validation errors
+        print(f"mocap-jax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

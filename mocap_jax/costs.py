@@ -1,0 +1,270 @@
+"""Per-chunk, per-stage cost model (DESIGN §4) as traced array programs.
+
+The specs are turned into pytrees of numbers (:class:`ModelParams`,
+:class:`HardwareParams`, :class:`StageLayout`) whose every leaf may be traced, so a
+sweep can ``vmap`` over any of them.  The formulas are written against an array
+namespace ``xp`` (``jax.numpy`` by default, ``numpy`` for the event-driven
+reference), so both simulators share one statement of §4.
+
+Shapes: ``c``, ``p``, ``b`` (chunk tokens, prefix tokens, requests) broadcast
+together; stage quantities are ``[N]`` over (padded) stages.  Units: seconds,
+bytes, FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .mesh import handoff_routes, snake_placement
+from .specs import HardwareSpec, ModelSpec
+
+Array = Any
+
+
+def _pytree(cls):
+    """Frozen dataclass registered as a pytree whose fields are all traced leaves."""
+    cls = dataclass(frozen=True)(cls)
+    return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
+
+
+@_pytree
+class ModelParams:
+    """Numbers of a :class:`ModelSpec` the cost model needs (all scalars, traced)."""
+
+    layers: Array                 # int, transformer blocks
+    dense_layers: Array           # int, leading dense blocks (== layers for dense models)
+    hidden: Array                 # model width
+    dense_layer_params: Array     # parameters of one dense block
+    moe_layer_params: Array       # parameters of one MoE block (all experts)
+    moe_static_params: Array      # MoE block params every token touches (attention, router, shared experts)
+    moe_active_params: Array      # MoE block params one token touches (static + top-k experts)
+    expert_params: Array          # parameters of one routed expert
+    experts: Array                # routed experts per MoE block
+    experts_active: Array         # top-k
+    attention_flops_per_pair: Array  # FLOPs per (query, key) pair per block
+    kv_elements_per_token_layer: Array
+    embedding_params: Array
+    lm_head_params: Array
+    vocab: Array
+
+    @staticmethod
+    def from_spec(m: ModelSpec, dtype=jnp.float32) -> "ModelParams":
+        f = lambda v: np.asarray(v, dtype=dtype)
+        return ModelParams(
+            layers=np.asarray(m.layers, np.int32),
+            dense_layers=np.asarray(m.n_dense_layers, np.int32),
+            hidden=f(m.hidden),
+            dense_layer_params=f(m.dense_layer_params),
+            moe_layer_params=f(m.moe_layer_params),
+            moe_static_params=f(m.moe_layer_active_params - m.experts_active * m.expert_params if m.is_moe else 0),
+            moe_active_params=f(m.moe_layer_active_params),
+            expert_params=f(m.expert_params if m.is_moe else 0),
+            experts=f(m.experts),
+            experts_active=f(m.experts_active),
+            attention_flops_per_pair=f(m.attention_flops_per_pair),
+            kv_elements_per_token_layer=f(m.kv_elements_per_token_layer),
+            embedding_params=f(m.embedding_params),
+            lm_head_params=f(m.lm_head_params if not m.tied_embeddings else 0),
+            vocab=f(m.vocab),
+        )
+
+
+@_pytree
+class HardwareParams:
+    """Per-die numbers of a :class:`HardwareSpec` (all scalars, traced)."""
+
+    peak_flops: Array
+    hbm_capacity: Array
+    hbm_bandwidth: Array
+    link_latency_s: Array
+    eff_gemm: Array
+    eff_attention: Array
+    eff_hbm: Array
+    eff_link: Array
+    usable_hbm_fraction: Array
+    weight_bytes: Array
+    kv_bytes: Array
+    activation_bytes: Array
+    activation_workspace_factor: Array
+    layer_overhead_s: Array
+
+    @staticmethod
+    def from_spec(h: HardwareSpec, dtype=jnp.float32) -> "HardwareParams":
+        names = [f.name for f in dataclasses.fields(HardwareParams)]
+        return HardwareParams(**{n: np.asarray(getattr(h, n), dtype=dtype) for n in names})
+
+    @property
+    def usable_hbm(self):
+        return self.hbm_capacity * self.usable_hbm_fraction
+
+
+@_pytree
+class StageLayout:
+    """Where stages sit and how their hand-offs travel, padded to ``N_pad`` stages.
+
+    Fields:
+      num_stages: int scalar N (<= N_pad).
+      handoff_hops: [N_pad] hops of the route s -> s+1 (0 for s >= N-1).
+      handoff_bandwidth: [N_pad] bottleneck raw link bandwidth of that route, bytes/s
+        (1 where unused, never 0 or inf, to keep gradients and divisions finite).
+    """
+
+    num_stages: Array
+    handoff_hops: Array
+    handoff_bandwidth: Array
+
+    @staticmethod
+    def from_placement(hw: HardwareSpec, placement, n_pad: int | None = None, dtype=jnp.float32) -> "StageLayout":
+        placement = np.asarray(placement)
+        n = len(placement)
+        n_pad = n if n_pad is None else n_pad
+        if n_pad < n:
+            raise ValueError(f"stage bucket {n_pad} is smaller than {n} stages")
+        hops, bw = handoff_routes(hw, placement)
+        hops_p = np.zeros(n_pad)
+        bw_p = np.ones(n_pad)
+        hops_p[: n - 1] = hops[: n - 1]
+        bw_p[: n - 1] = bw[: n - 1]
+        return StageLayout(num_stages=np.asarray(n, np.int32), handoff_hops=hops_p.astype(dtype),
+                           handoff_bandwidth=bw_p.astype(dtype))
+
+    @staticmethod
+    def snake(hw: HardwareSpec, num_stages: int | None = None, n_pad: int | None = None, dtype=jnp.float32):
+        return StageLayout.from_placement(hw, snake_placement(hw, num_stages), n_pad, dtype)
+
+
+# --------------------------------------------------------------------------- layers per stage
+
+
+def stage_layer_counts(model: ModelParams, num_stages, n_pad: int, xp=jnp):
+    """Balanced contiguous blocks of layers per stage.
+
+    ``L // N`` layers each; the ``L % N`` extra layers go to interior stages first
+    (stages 1..N-2, then 0, then N-1), because the end stages also hold the
+    embedding and the LM head.
+
+    Returns ``(dense[N_pad], moe[N_pad])`` layer counts (float), zero on padded stages.
+    """
+    s = xp.arange(n_pad)
+    n = num_stages
+    L = model.layers
+    base = L // n
+    extra = L % n
+    rank = xp.where(s == 0, n - 2, xp.where(s == n - 1, n - 1, s - 1))
+    rank = xp.where(n == 1, 0, rank)
+    count = xp.where(s < n, base + (rank < extra), 0)
+    end = xp.cumsum(count)
+    start = end - count
+    dense = xp.clip(xp.minimum(end, model.dense_layers) - start, 0, None)
+    moe = count - dense
+    dt = model.hidden.dtype
+    return dense.astype(dt), moe.astype(dt)
+
+
+# --------------------------------------------------------------------------- §4 formulas
+
+
+def roofline(flops, bytes_, peak, eff_compute, bandwidth, eff_bw, xp=jnp):
+    """max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) in seconds."""
+    return xp.maximum(flops / (peak * eff_compute), bytes_ / (bandwidth * eff_bw))
+
+
+def dense_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
+    """Seconds for one dense block on a chunk of ``c`` tokens x ``b`` requests after prefix ``p``."""
+    tokens = b * c
+    act = 2 * tokens * model.hidden * hw.activation_bytes
+    gemm = roofline(2 * model.dense_layer_params * tokens, model.dense_layer_params * hw.weight_bytes + act,
+                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
+    return gemm + attention_time(model, hw, c, p, b, xp) + hw.layer_overhead_s
+
+
+def attention_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
+    """Causal attention of a chunk over its prefix and itself, one block."""
+    flops = model.attention_flops_per_pair * b * c * (p + (c + 1) / 2)
+    kv_read = b * (p + c) * model.kv_elements_per_token_layer * hw.kv_bytes
+    return roofline(flops, kv_read, hw.peak_flops, hw.eff_attention, hw.hbm_bandwidth, hw.eff_hbm, xp)
+
+
+def experts_touched(model: ModelParams, c, b, xp=jnp):
+    """Routed experts a chunk touches: min(E, tokens x top_k)."""
+    return xp.minimum(model.experts, b * c * model.experts_active)
+
+
+def moe_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
+    """Seconds for one MoE block: GEMMs of active parameters, weight bytes of touched experts."""
+    tokens = b * c
+    act = 2 * tokens * model.hidden * hw.activation_bytes
+    weights = (model.moe_static_params + experts_touched(model, c, b, xp) * model.expert_params) * hw.weight_bytes
+    gemm = roofline(2 * model.moe_active_params * tokens, weights + act,
+                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
+    return gemm + attention_time(model, hw, c, p, b, xp) + hw.layer_overhead_s
+
+
+def embedding_time(model: ModelParams, hw: HardwareParams, c, b):
+    """Embedding lookup: gather ``b x c`` rows and write the activations."""
+    return b * c * model.hidden * (hw.weight_bytes + hw.activation_bytes) / (hw.hbm_bandwidth * hw.eff_hbm)
+
+
+def lm_head_time(model: ModelParams, hw: HardwareParams, b, xp=jnp):
+    """LM head for one token per request (prefill-only serving)."""
+    return roofline(2 * model.lm_head_params * b, model.lm_head_params * hw.weight_bytes,
+                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
+
+
+def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp):
+    """Hand-off delay d[..., s] from stage s to s+1: hops x latency + bytes / effective bandwidth.
+
+    ``c`` and ``b`` have shape ``[...]``; the result is ``[..., N_pad]``, zero for
+    ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).
+    """
+    bytes_ = (b * c * model.hidden * hw.activation_bytes)[..., None]
+    s = xp.arange(n_pad)
+    live = s < layout.num_stages - 1
+    d = layout.handoff_hops * hw.link_latency_s + bytes_ / (layout.handoff_bandwidth * hw.eff_link)
+    return xp.where(live, d, 0.0)
+
+
+def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp):
+    """Time of each item on each stage, ``t[..., N_pad]`` in seconds.
+
+    Args:
+      c, p, b: ``[...]`` chunk tokens, prefix tokens, requests of each item.
+      last: ``[...]`` bool, the item ends its requests (the LM head runs on the last stage).
+      n_pad: static stage bucket size.
+    """
+    dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
+    cc, pp, bb = (x[..., None] for x in (c, p, b))
+    t = dense * dense_layer_time(model, hw, cc, pp, bb, xp) + moe * moe_layer_time(model, hw, cc, pp, bb, xp)
+    s = xp.arange(n_pad)
+    t = t + xp.where(s == 0, embedding_time(model, hw, cc, bb), 0.0)
+    head = xp.where(last[..., None], lm_head_time(model, hw, bb, xp), 0.0)
+    t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
+    return xp.where(s < layout.num_stages, t, 0.0)
+
+
+def stage_weight_bytes(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp):
+    """Weight bytes held by each stage, ``[N_pad]`` (embedding on stage 0, LM head on stage N-1)."""
+    dense, moe = stage_layer_counts(model, num_stages, n_pad, xp)
+    s = xp.arange(n_pad)
+    params = dense * model.dense_layer_params + moe * model.moe_layer_params
+    params = params + xp.where(s == 0, model.embedding_params, 0.0)
+    params = params + xp.where(s == num_stages - 1, model.lm_head_params, 0.0)
+    return params * hw.weight_bytes
+
+
+def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp):
+    """KV bytes one token of one request adds to each stage, ``[N_pad]``."""
+    dense, moe = stage_layer_counts(model, num_stages, n_pad, xp)
+    return (dense + moe) * model.kv_elements_per_token_layer * hw.kv_bytes
+
+
+def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c, b):
+    """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``."""
+    tokens = (b * c)[..., None]
+    return tokens * kv_per_token + hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes

@@ -1,0 +1,119 @@
+"""Die grid geometry and dimension-order (XY) routing (DESIGN §2).
+
+Host-side NumPy helpers: they turn a :class:`~mocap_jax.specs.HardwareSpec` and a
+stage-to-die map into the small arrays the jitted kernels consume (hop counts and
+bottleneck bandwidths of each route).
+
+Dies are numbered row-major over the global grid of ``rows x (cols * wafers)``
+dies; wafers sit side by side along the column axis.  A directed link is the pair
+``(from_die, to_die)`` of two neighbours.  XY routing moves along the row (column
+index changes) first, then along the column.  On a ``switch`` topology (a GPU node)
+every pair of distinct devices is one hop apart over its own NVLink port.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .specs import HardwareSpec
+
+
+def die_coords(hw: HardwareSpec) -> np.ndarray:
+    """(row, col) of every die on the global grid, shape ``[num_dies, 2]``."""
+    idx = np.arange(hw.num_dies)
+    return np.stack([idx // hw.grid_cols, idx % hw.grid_cols], axis=1)
+
+
+def die_index(hw: HardwareSpec, row: int, col: int) -> int:
+    return int(row) * hw.grid_cols + int(col)
+
+
+def xy_route(hw: HardwareSpec, src: int, dst: int) -> list[tuple[int, int]]:
+    """Directed links of the XY route from die ``src`` to die ``dst`` (empty if equal)."""
+    if src == dst:
+        return []
+    if hw.topology == "switch":
+        return [(int(src), int(dst))]
+    r0, c0 = divmod(int(src), hw.grid_cols)
+    r1, c1 = divmod(int(dst), hw.grid_cols)
+    links = []
+    r, c = r0, c0
+    step = 1 if c1 > c else -1
+    while c != c1:
+        links.append((die_index(hw, r, c), die_index(hw, r, c + step)))
+        c += step
+    step = 1 if r1 > r else -1
+    while r != r1:
+        links.append((die_index(hw, r, c), die_index(hw, r + step, c)))
+        r += step
+    return links
+
+
+def link_bandwidth(hw: HardwareSpec, link: tuple[int, int]) -> float:
+    """Raw bandwidth (bytes/s, one direction) of one directed link."""
+    if hw.topology == "switch":
+        return hw.link_bandwidth
+    ca = link[0] % hw.grid_cols
+    cb = link[1] % hw.grid_cols
+    crosses = (ca // hw.cols) != (cb // hw.cols)
+    return hw.cross_wafer_bandwidth if crosses else hw.link_bandwidth
+
+
+def hop_matrix(hw: HardwareSpec) -> np.ndarray:
+    """Hop count between every pair of dies, shape ``[D, D]`` (Manhattan distance on a mesh)."""
+    if hw.topology == "switch":
+        return 1 - np.eye(hw.num_dies, dtype=np.int64)
+    xy = die_coords(hw)
+    return np.abs(xy[:, None, :] - xy[None, :, :]).sum(-1)
+
+
+def route_bandwidth(hw: HardwareSpec, src: int, dst: int) -> float:
+    """Bottleneck raw bandwidth along the XY route (``inf`` for src == dst)."""
+    links = xy_route(hw, src, dst)
+    if not links:
+        return float("inf")
+    return min(link_bandwidth(hw, l) for l in links)
+
+
+def snake_placement(hw: HardwareSpec, num_stages: int | None = None) -> np.ndarray:
+    """Boustrophedon stage-to-die map: row 0 left to right, row 1 right to left, ...
+
+    Returns ``die[s]`` for ``s < num_stages`` (default: every die), shape ``[N]``.
+    """
+    n = hw.num_dies if num_stages is None else int(num_stages)
+    if n > hw.num_dies:
+        raise ValueError(f"{n} stages do not fit {hw.num_dies} dies of {hw.name}")
+    order = []
+    for r in range(hw.rows):
+        cols = range(hw.grid_cols) if r % 2 == 0 else range(hw.grid_cols - 1, -1, -1)
+        order.extend(die_index(hw, r, c) for c in cols)
+    return np.asarray(order[:n], dtype=np.int64)
+
+
+def handoff_routes(hw: HardwareSpec, placement: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hops and bottleneck raw bandwidth of each hand-off stage s -> s+1.
+
+    Returns:
+      hops: ``[N]`` int, entry N-1 is 0 (no hand-off after the last stage).
+      bandwidth: ``[N]`` float bytes/s, entry N-1 is ``inf``.
+    """
+    placement = np.asarray(placement)
+    n = len(placement)
+    hops = np.zeros(n, dtype=np.int64)
+    bw = np.full(n, np.inf)
+    hm = hop_matrix(hw)
+    for s in range(n - 1):
+        a, b = int(placement[s]), int(placement[s + 1])
+        hops[s] = hm[a, b]
+        bw[s] = route_bandwidth(hw, a, b)
+    return hops, bw
+
+
+def link_loads(hw: HardwareSpec, transfers: list[tuple[int, int]], weights=None) -> dict[tuple[int, int], float]:
+    """Sum of transfer weights crossing each directed link under XY routing."""
+    loads: dict[tuple[int, int], float] = {}
+    weights = [1.0] * len(transfers) if weights is None else weights
+    for (a, b), w in zip(transfers, weights):
+        for l in xy_route(hw, a, b):
+            loads[l] = loads.get(l, 0.0) + float(w)
+    return loads
