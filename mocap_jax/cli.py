@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Modules that contribute sub-commands, in the order they appear in --help.
@@ -16,7 +17,8 @@ COMMAND_MODULES = (
     "mocap_jax.commands",          # simulate, max-seq, models, hardware, bench pipeline
     "mocap_jax.mbkr_cli",          # placement (MBKR issue)
     "mocap_jax.lbcp_cli",          # compare, partition, bench anneal (LBCP issue)
-    "mocap_jax.validation.cli",    # validate, calibrate, bench reference
+    "mocap_jax.validation.cli",    # validate, bench reference
+    "mocap_jax.validation.calibrate_cli",  # calibrate
     "mocap_jax.sweep_cli",         # sweep, reproduce, bench sweep
     "mocap_jax.wsc.cli",           # wsc-llm ...
 )
@@ -53,7 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _use_all_cpu_cores() -> None:
+    """Expose every CPU core as a JAX device so sweeps shard across them.
+
+    Only affects the CPU backend, only if the user has not chosen a count, and only
+    before JAX initialises its backends (nothing is computed at import time).
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        n = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
 def main(argv=None) -> int:
+    _use_all_cpu_cores()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

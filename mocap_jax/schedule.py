@@ -1,0 +1,303 @@
+"""Work items, timing and KV occupancy of one configuration (DESIGN §5, §6; docs/semantics.md).
+
+The single-configuration kernel :func:`evaluate` is written plainly for one point;
+:func:`evaluate_batched` is ``jit(vmap(evaluate))`` with the static bucket shape as
+the only static argument, so every point inside a bucket (any partition, sequence
+length, batch, chunk count <= K_pad, stage count <= N_pad, model, hardware numbers,
+admission mode and release policy) reuses one compiled program.
+
+Shapes: ``K`` = items per batch padded to ``k_pad``; ``N`` = stages padded to
+``n_pad``; ``nb`` = ``num_batches`` consecutive identical batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import costs
+from .costs import HardwareParams, ModelParams, StageLayout, _pytree
+from .pipeline import finish_times, pipeline_latency
+
+Array = Any
+
+
+class SimShape(NamedTuple):
+    """Static structure of a bucket (hashable; one compiled program per value).
+
+    Attributes:
+      k_pad: items per batch, padded (chunks for chunked schemes, microbatches for gpipe).
+      n_pad: pipeline stages, padded.
+      num_batches: consecutive identical batches simulated.
+      timeline: also return per-stage KV occupancy at event times (every event
+        time, or every ``stride``-th so that at most ``timeline_points`` remain).
+    """
+
+    k_pad: int
+    n_pad: int
+    num_batches: int = 2
+    timeline: bool = False
+    timeline_points: int = 1024
+
+
+def bucket(n: int, minimum: int = 4) -> int:
+    """Smallest power of two >= n (and >= minimum): the padding bucket for n."""
+    b = minimum
+    while b < n:
+        b *= 2
+    return b
+
+
+@_pytree
+class ItemTable:
+    """The items of one batch, padded to ``k_pad``.
+
+    Fields (all ``[K_pad]``):
+      tokens: int, prompt tokens per request in the item (chunk size c; S for gpipe).
+      prefix: int, tokens of the same requests processed before the item (p).
+      requests: int, requests carried by the item (B for chunks, microbatch size for gpipe).
+      last: bool, the item ends its requests (the LM head runs on the last stage).
+      valid: bool, a real item (False = padding).
+      group_last: int, index of the last item carrying the same requests.
+    """
+
+    tokens: Array
+    prefix: Array
+    requests: Array
+    last: Array
+    valid: Array
+    group_last: Array
+
+
+def chunked_items(partition, batch) -> ItemTable:
+    """Items of a chunked (TeraPipe-style) batch.
+
+    Args:
+      partition: ``[K_pad]`` int chunk sizes, zeros after the last real chunk.
+      batch: scalar int, requests in the batch (all chunks carry all of them).
+    """
+    partition = jnp.asarray(partition)
+    valid = partition > 0
+    k = jnp.arange(partition.shape[0])
+    n_chunks = jnp.sum(valid)
+    prefix = jnp.cumsum(partition) - partition
+    last = k == n_chunks - 1
+    requests = jnp.where(valid, batch, 0)
+    return ItemTable(tokens=partition, prefix=prefix, requests=requests, last=last, valid=valid,
+                     group_last=jnp.full_like(k, n_chunks - 1))
+
+
+def gpipe_items(seq_len, batch, microbatch, k_pad: int) -> ItemTable:
+    """Items of a GPipe batch: microbatches of whole requests.
+
+    Args:
+      seq_len: scalar int S (every request's prompt length).
+      batch: scalar int B.
+      microbatch: scalar int requests per microbatch.
+      k_pad: static number of item slots (>= ceil(B / microbatch)).
+    """
+    k = jnp.arange(k_pad)
+    requests = jnp.clip(batch - k * microbatch, 0, microbatch)
+    valid = requests > 0
+    return ItemTable(tokens=jnp.where(valid, seq_len, 0), prefix=jnp.zeros_like(k), requests=requests,
+                     last=valid, valid=valid, group_last=k)
+
+
+@_pytree
+class Point:
+    """Everything numeric about one configuration (a pytree of traced leaves).
+
+    Fields:
+      items: :class:`ItemTable` of one batch.
+      model: :class:`ModelParams`.
+      hardware: :class:`HardwareParams`.
+      layout: :class:`StageLayout` (number of stages and hand-off routes).
+      synchronous: bool scalar, synchronous admission (else streaming).
+      release_request: bool scalar, KV released when the request leaves the last
+        stage (else when the stage finishes the request's last chunk).
+    """
+
+    items: ItemTable
+    model: ModelParams
+    hardware: HardwareParams
+    layout: StageLayout
+    synchronous: Array
+    release_request: Array
+
+
+def item_costs(point: Point, n_pad: int):
+    """Per-item, per-stage times ``t[K, N]`` and hand-off delays ``d[K, N]``, seconds."""
+    it = point.items
+    dt = point.model.hidden.dtype
+    c = it.tokens.astype(dt)
+    p = it.prefix.astype(dt)
+    b = it.requests.astype(dt)
+    t = costs.stage_times(point.model, point.hardware, point.layout, c, p, b, it.last, n_pad)
+    d = costs.handoff_time(point.model, point.hardware, point.layout, c, b, n_pad)
+    valid = it.valid[:, None]
+    return jnp.where(valid, t, 0.0), jnp.where(valid, d, 0.0)
+
+
+def batch_finish_times(t, d, synchronous, num_batches: int):
+    """Finish times of ``num_batches`` identical batches run back to back, ``[nb, K, N]``.
+
+    Streaming: the next batch's items queue behind the previous ones (ready = 0).
+    Synchronous: a batch is ready when the previous one has left the last stage.
+    """
+    dtype = t.dtype
+
+    def one(carry, _):
+        stage_free, exit_time = carry
+        ready = jnp.where(synchronous, exit_time, jnp.zeros((), dtype))
+        f = finish_times(t, d, jnp.full(t.shape[:1], ready, dtype), stage_free)
+        return (f[-1], f[-1, -1]), f
+
+    init = (jnp.zeros(t.shape[1:], dtype), jnp.zeros((), dtype))
+    _, f = jax.lax.scan(one, init, None, length=num_batches)
+    return f
+
+
+def kv_occupancy(finish, kv, release, at):
+    """Held KV per stage after each time in ``at`` (direct formula, ``O(T x E x N)``).
+
+    Args:
+      finish: ``[E, N]`` time each item adds its KV on each stage.
+      kv: ``[E, N]`` bytes added.
+      release: ``[E, N]`` time those bytes are freed.
+      at: ``[T, N]`` query times (per stage).
+
+    Returns:
+      ``[T, N]`` bytes held just after each query time (releases at that time applied).
+    """
+    held = (finish[None, :, :] <= at[:, None, :]) & (at[:, None, :] < release[None, :, :])
+    return jnp.sum(jnp.where(held, kv[None, :, :], 0.0), axis=1)
+
+
+def kv_peak(finish, kv, release):
+    """Peak held KV per stage, ``[N]``, by an event sweep (``O(E log E)`` per stage).
+
+    Events are sorted by time with releases before additions at equal times, so
+    the running sum after the last event of a time equals the occupancy after that
+    time, and intermediate sums never exceed it.
+    """
+    times = jnp.concatenate([release, finish], axis=0)             # [2E, N]
+    delta = jnp.concatenate([-kv, kv], axis=0)
+    is_add = jnp.concatenate([jnp.zeros_like(kv, bool), jnp.ones_like(kv, bool)], axis=0)
+    order = jnp.lexsort((is_add, times), axis=0)
+    running = jnp.cumsum(jnp.take_along_axis(delta, order, axis=0), axis=0)
+    return jnp.maximum(jnp.max(running, axis=0), 0.0)
+
+
+def evaluate(point: Point, shape: SimShape) -> dict:
+    """Simulate one configuration.  Returns a dict of arrays (units in the key names).
+
+    Keys: ``finish_times`` [nb, K, N] s; ``stage_times`` [K, N] s; ``handoff_times``
+    [K, N] s; ``prefill_latency_s`` (inf if infeasible); ``raw_latency_s`` (ignoring
+    memory); ``feasible``; ``throughput_rps`` (saturation); ``period_s``;
+    ``bubble_fraction``; ``stage_utilisation`` [N]; ``kv_peak_bytes_per_stage`` [N];
+    ``workspace_bytes_per_stage`` [N]; ``weight_bytes_per_stage`` [N];
+    ``peak_mem_bytes_per_stage`` [N]; ``capacity_bytes``; optionally
+    ``timeline_times`` [T] and ``timeline_kv_bytes`` [T, N].
+    """
+    k_pad, n_pad, nb = shape.k_pad, shape.n_pad, shape.num_batches
+    model, hw, layout, it = point.model, point.hardware, point.layout, point.items
+    dt = model.hidden.dtype
+    n = layout.num_stages
+    stage_live = jnp.arange(n_pad) < n
+
+    t, d = item_costs(point, n_pad)
+    f = batch_finish_times(t, d, point.synchronous, nb)            # [nb, K, N]
+    latency = f[0, -1, -1]
+
+    # saturation throughput and utilisation
+    stage_work = jnp.sum(t, axis=0)                                 # [N] busy seconds per batch
+    period = jnp.where(point.synchronous, latency, jnp.max(stage_work))
+    requests = jnp.sum(it.requests).astype(dt)
+    throughput = requests / period
+    bubble = 1.0 - jnp.sum(stage_work) / (n.astype(dt) * latency)
+    utilisation = jnp.where(stage_live, stage_work / period, 0.0)
+
+    # KV memory (§6): add at finish, free at the group's release
+    kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, n_pad)   # [N]
+    tokens = (it.requests * it.tokens).astype(dt)                   # [K] request-tokens per item
+    kv = jnp.where(it.valid[:, None], tokens[:, None] * kv_tok[None, :], 0.0)   # [K, N]
+    grp = f[:, it.group_last, :]                                   # [nb, K, N]
+    release = jnp.where(point.release_request, grp[:, :, -1:], grp)
+    fe = f.reshape(nb * k_pad, n_pad)
+    re = jnp.broadcast_to(release, f.shape).reshape(nb * k_pad, n_pad)
+    kve = jnp.broadcast_to(kv, f.shape).reshape(nb * k_pad, n_pad)
+    peak_kv = kv_peak(fe, kve, re)
+
+    workspace = jnp.max(jnp.where(it.valid[:, None],
+                                  costs.item_workspace_bytes(model, hw, kv_tok, it.tokens.astype(dt),
+                                                             it.requests.astype(dt)), 0.0), axis=0)
+    workspace = jnp.where(stage_live, workspace, 0.0)
+    weights = costs.stage_weight_bytes(model, hw, n, n_pad)
+    peak_mem = weights + workspace + peak_kv
+    capacity = hw.usable_hbm
+    feasible = jnp.all((peak_mem <= capacity) | ~stage_live)
+
+    out = dict(
+        finish_times=f, stage_times=t, handoff_times=d, raw_latency_s=latency,
+        prefill_latency_s=jnp.where(feasible, latency, jnp.inf), feasible=feasible,
+        throughput_rps=jnp.where(feasible, throughput, 0.0), period_s=period, bubble_fraction=bubble,
+        stage_utilisation=utilisation, kv_peak_bytes_per_stage=peak_kv, workspace_bytes_per_stage=workspace,
+        weight_bytes_per_stage=weights, peak_mem_bytes_per_stage=peak_mem, capacity_bytes=capacity,
+    )
+    if shape.timeline:
+        times = jnp.sort(fe.reshape(-1))                            # [E * N] every event time
+        stride = -(-times.shape[0] // shape.timeline_points)
+        times = times[stride - 1::stride] if stride > 1 else times
+        at = jnp.broadcast_to(times[:, None], (times.shape[0], n_pad))
+        out["timeline_times"] = times
+        out["timeline_kv_bytes"] = jnp.where(stage_live, kv_occupancy(fe, kve, re, at), 0.0)
+    return out
+
+
+def _evaluate_many(points: Point, shape: SimShape) -> dict:
+    return jax.vmap(lambda p: evaluate(p, shape))(points)
+
+
+evaluate_batched = jax.jit(_evaluate_many, static_argnames=("shape",))
+"""``jit(vmap(evaluate))``: ``points`` has a leading axis P on every leaf."""
+
+evaluate_one = jax.jit(evaluate, static_argnames=("shape",))
+"""``jit(evaluate)`` for a single point."""
+
+
+def stack_points(points: list[Point]) -> Point:
+    """Stack single points into one batched pytree (leading axis P)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *points)
+
+
+def partition_costs(partition, batch, model: ModelParams, hw: HardwareParams, layout: StageLayout, n_pad: int):
+    """Stage times and hand-offs of chunked partitions, ``t, d: [..., M, N_pad]`` seconds.
+
+    Args:
+      partition: ``[..., M]`` int chunk sizes (zeros = padding after the last chunk).
+      batch: requests per batch (scalar or ``[...]``).
+    """
+    partition = jnp.asarray(partition)
+    dt = model.hidden.dtype
+    c = partition.astype(dt)
+    valid = partition > 0
+    p = jnp.cumsum(c, axis=-1) - c
+    b = jnp.broadcast_to(jnp.asarray(batch, dt)[..., None], c.shape)
+    m = jnp.sum(valid, axis=-1, keepdims=True)
+    last = jnp.arange(partition.shape[-1]) == m - 1
+    t = costs.stage_times(model, hw, layout, c, p, b, last, n_pad)
+    d = costs.handoff_time(model, hw, layout, c, b, n_pad)
+    return jnp.where(valid[..., None], t, 0.0), jnp.where(valid[..., None], d, 0.0)
+
+
+def partition_latency(partition, batch, model: ModelParams, hw: HardwareParams, layout: StageLayout, n_pad: int):
+    """Prefill latency (s) of one batch for chunked partitions ``[..., M]`` -> ``[...]``.
+
+    The fast path used by benchmarks and searches: costs and the §5 recurrence
+    only (no memory accounting; see :func:`evaluate` for everything).
+    """
+    t, d = partition_costs(partition, batch, model, hw, layout, n_pad)
+    return pipeline_latency(t, d)

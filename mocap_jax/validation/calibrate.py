@@ -1,0 +1,713 @@
+"""Calibration of the §4 cost model against real execution (DESIGN §9.2).
+
+What is measured
+----------------
+Chunked prefill of a small Llama-style transformer with random weights, run by JAX
+on the local device: ``L`` blocks of RMSNorm, fused QKV projection, RoPE, GQA
+causal attention of the chunk over a KV cache holding ``p`` prefix tokens plus
+the chunk itself, output projection, RMSNorm and a SwiGLU MLP.  One call processes
+one chunk of ``c`` tokens for each of ``B`` requests through all ``L`` blocks and
+returns the hidden states and the chunk's new K/V (to be appended to the cache).
+No embedding and no LM head: the input is a ``[B, c, hidden]`` activation.
+
+Attention is written the way a real prefill kernel works (flash-attention
+style, online softmax in float32): the prefix is read from a preallocated cache in
+blocks of ``kv_block`` tokens by a loop whose trip count is ``ceil(p / kv_block)``
+(``p`` is a *runtime* argument, so one executable per ``(B, c)`` serves every
+prefix length), and the chunk attends to itself causally in query blocks of
+``q_block`` tokens that skip the masked upper triangle.  The work done is therefore
+``B c (p + (c + q_block) / 2)`` query-key pairs, close to the ``B c (p + (c+1)/2)``
+of §4.
+
+Each grid cell ``(c, p, B)`` is compiled once, warmed up, and then timed in
+interleaved rounds (every round visits every cell in a fresh random order, so a
+burst of load on a shared machine spreads over many cells instead of ruining
+one); a sample is the mean of ``n`` back-to-back synchronous calls
+(``block_until_ready`` after each), with ``n`` chosen so a sample lasts at least a
+few milliseconds; the cell's latency is the median of its samples.
+
+What is fitted
+--------------
+The prediction is ``L x costs.dense_layer_time(model, hw, c, p, B, xp=numpy)`` for
+the :class:`~mocap_jax.specs.ModelSpec` of the test transformer and a
+:class:`~mocap_jax.specs.HardwareSpec` of the local device.  Its nominal
+``peak_flops`` and ``hbm_bandwidth`` are, on a CPU, measured at start-up (best of
+several big matmuls at the run's precision; best of several streaming reductions
+over a 256 MiB array); on a GPU they are the vendor's dense peak and HBM
+bandwidth for the device kind when known (measured otherwise).  The fitted
+parameters are ``eff_gemm``, ``eff_attention``, ``eff_hbm`` (each in (0, 1]) and
+``layer_overhead_s`` (>= 0), by bounded least squares on the log of
+predicted / measured (a relative error, which is what MAPE scores), from several
+starting points.  An efficiency whose roofline branch binds on no training point
+does not influence the fit and is reported as not identified.
+
+The split is a seeded random ``1 - test_fraction`` / ``test_fraction`` split of the
+grid cells; the score is the MAPE on the held-out cells.  The baseline is a linear
+least-squares model ``t = a + b (Bc) + d (Bp) + e (Bc p)`` (the plain
+``(c, p, c p)`` model with the token counts of all ``B`` requests, identical to
+it when ``B = 1``), fitted on the same training cells by relative-error weighted
+least squares; the literal ``(c, p, c p)`` model, which cannot see ``B``, is also
+reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..costs import HardwareParams, ModelParams, dense_layer_time
+from ..specs import HardwareSpec, ModelSpec
+
+# --------------------------------------------------------------------------- sizes
+
+
+@dataclass(frozen=True)
+class CalibrationSize:
+    """One calibration configuration: the test transformer, the grid and the measurement plan."""
+
+    name: str
+    model: ModelSpec
+    chunks: tuple[int, ...]
+    prefixes: tuple[int, ...]
+    batches: tuple[int, ...]
+    dtype: str                   # "float32" or "bfloat16"
+    kv_block: int                # prefix tokens per attention step
+    q_block: int                 # query block of the causal in-chunk attention
+    rounds: int                  # timed rounds over the whole grid (after one warm-up round)
+    min_rounds: int              # rounds kept even when the time budget runs out
+    min_sample_s: float          # a timing sample lasts at least this long (back-to-back calls)
+    measure_budget_s: float      # stop adding rounds after this much measuring time
+    test_fraction: float = 0.4
+    needs_accelerator: bool = False
+
+
+def _llama_like(name, layers, hidden, ffn, q_heads, kv_heads, head_dim) -> ModelSpec:
+    # vocab is irrelevant (no embedding / LM head is run) but must be positive.
+    return ModelSpec(name=name, layers=layers, hidden=hidden, ffn=ffn, q_heads=q_heads, kv_heads=kv_heads,
+                     head_dim=head_dim, vocab=32000)
+
+
+SIZES: dict[str, CalibrationSize] = {
+    "small": CalibrationSize(
+        name="small",
+        model=_llama_like("calib-small", layers=2, hidden=512, ffn=1536, q_heads=8, kv_heads=2, head_dim=64),
+        chunks=(64, 128, 256, 512), prefixes=(0, 512, 1024, 2048, 3072), batches=(1, 2),
+        dtype="float32", kv_block=256, q_block=128,
+        rounds=5, min_rounds=3, min_sample_s=0.004, measure_budget_s=25.0),
+    "cpu": CalibrationSize(
+        name="cpu",
+        model=_llama_like("calib-cpu", layers=4, hidden=768, ffn=2048, q_heads=12, kv_heads=4, head_dim=64),
+        chunks=(32, 64, 128, 256, 512), prefixes=(0, 1024, 2048, 4096, 6144, 8192), batches=(1, 2, 4),
+        dtype="float32", kv_block=256, q_block=128,
+        rounds=7, min_rounds=3, min_sample_s=0.01, measure_budget_s=180.0),
+    "gpu": CalibrationSize(
+        name="gpu",
+        # Llama-3.1-8B blocks (hidden 4096, FFN 14336, GQA 32/8 x 128), four of them, in bf16.
+        model=_llama_like("calib-gpu-llama8b-blocks", layers=4, hidden=4096, ffn=14336, q_heads=32, kv_heads=8,
+                          head_dim=128),
+        chunks=(128, 256, 512, 1024, 2048, 4096), prefixes=(0, 2048, 4096, 8192, 16384, 32768), batches=(1, 2),
+        dtype="bfloat16", kv_block=512, q_block=256,
+        rounds=7, min_rounds=3, min_sample_s=0.02, measure_budget_s=240.0, needs_accelerator=True),
+}
+
+# Vendor dense peaks (FLOP/s) at bf16/fp16 and HBM bandwidths (bytes/s) by JAX device_kind substring.
+_GPU_NOMINAL = (
+    ("h200", 989e12, 4.8e12, "H200 SXM: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e"),
+    ("h100", 989e12, 3.35e12, "H100 SXM: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3"),
+    ("gh200", 989e12, 4.0e12, "GH200: 989 TFLOP/s dense BF16, 4 TB/s HBM3"),
+    ("b200", 2.25e15, 7.7e12, "B200: 2.25 PFLOP/s dense BF16, 7.7 TB/s HBM3e"),
+    ("a100", 312e12, 2.039e12, "A100 SXM 80GB: 312 TFLOP/s dense BF16, 2.039 TB/s HBM2e"),
+)
+
+FIT_NAMES = ("eff_gemm", "eff_attention", "eff_hbm", "layer_overhead_s")
+
+
+def _check_size(size) -> CalibrationSize:
+    if isinstance(size, CalibrationSize):
+        return size
+    if not isinstance(size, str) or size not in SIZES:
+        raise ValueError(f"unknown calibration size {size!r}; choose one of {', '.join(SIZES)} "
+                         f"(small: the test grid, under a minute on a 2-core CPU; cpu: a fuller CPU grid; "
+                         f"gpu: Llama-8B-sized blocks, needs a GPU)")
+    return SIZES[size]
+
+
+# --------------------------------------------------------------------------- the test transformer
+
+
+def init_weights(model: ModelSpec, dtype, seed: int = 0):
+    """Random weights of ``model.layers`` stacked Llama blocks (a dict of ``[L, ...]`` arrays)."""
+    import jax
+    import jax.numpy as jnp
+
+    L, d, f = model.layers, model.hidden, model.ffn
+    qd, kvd = model.q_heads * model.head_dim, model.kv_heads * model.head_dim
+    k = jax.random.split(jax.random.key(seed), 4)
+    normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, jnp.float32) * fan_in ** -0.5).astype(dtype)
+    return {
+        "ln1": jnp.ones((L, d), dtype),
+        "ln2": jnp.ones((L, d), dtype),
+        "wqkv": normal(k[0], (L, d, qd + 2 * kvd), d),
+        "wo": normal(k[1], (L, qd, d), qd),
+        "w13": normal(k[2], (L, d, 2 * f), d),
+        "w2": normal(k[3], (L, f, d), f),
+    }
+
+
+def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int):
+    """A jitted ``f(weights, x, k_cache, v_cache, p) -> (y, (k_new, v_new))``: one chunk through all blocks.
+
+    ``x`` is ``[B, c, hidden]``; the caches are ``[L, B, S_max, kv_heads, head_dim]`` with the first ``p``
+    positions valid (``p`` an int32 scalar, traced: one executable per input shape serves every prefix);
+    ``k_new``/``v_new`` are ``[L, B, c, kv_heads, head_dim]``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    Hq, Hkv, hd = model.q_heads, model.kv_heads, model.head_dim
+    g = Hq // Hkv
+    f32 = jnp.float32
+    neg = jnp.asarray(-1e30, f32)
+    half = hd // 2
+    inv_freq = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float64) * 2.0 / hd))
+
+    def rmsnorm(x, w):
+        xf = x.astype(f32)
+        return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + 1e-6)).astype(dtype) * w
+
+    def rope(x, pos):  # x [B, c, H, hd], pos [c]
+        ang = pos.astype(f32)[:, None] * jnp.asarray(inv_freq, f32)[None, :]
+        cos, sin = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+        x1, x2 = x[..., :half].astype(f32), x[..., half:].astype(f32)
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(dtype)
+
+    def update(state, q, kb, vb, mask):
+        m, l, acc = state  # m, l: [B, Hkv, g, q]; acc: [B, q, Hkv, g, hd]
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", q, kb, preferred_element_type=f32)
+        s = jnp.where(mask, s, neg)
+        m_new = jnp.maximum(m, s.max(-1))
+        alpha = jnp.exp(m - m_new)
+        pr = jnp.exp(s - m_new[..., None])
+        l = l * alpha + pr.sum(-1)
+        pv = jnp.einsum("bhgqk,bkhd->bqhgd", pr.astype(dtype), vb, preferred_element_type=f32)
+        acc = acc * jnp.moveaxis(alpha, -1, 1)[..., None] + pv
+        return m_new, l, acc
+
+    def attention(q, k, v, kc, vc, p):
+        B, c = q.shape[:2]
+        q = (q * jnp.asarray(hd ** -0.5, dtype)).reshape(B, c, Hkv, g, hd)
+        state = (jnp.full((B, Hkv, g, c), neg, f32), jnp.zeros((B, Hkv, g, c), f32),
+                 jnp.zeros((B, c, Hkv, g, hd), f32))
+        kv_pos = jnp.arange(kv_block, dtype=jnp.int32)
+
+        def prefix_step(j, st):  # the whole chunk against kv_block cached tokens
+            start = j * kv_block
+            kb = jax.lax.dynamic_slice_in_dim(kc, start, kv_block, 1)
+            vb = jax.lax.dynamic_slice_in_dim(vc, start, kv_block, 1)
+            return update(st, q, kb, vb, (start + kv_pos) < p)
+
+        n_blocks = (p + kv_block - 1) // kv_block
+        state = jax.lax.fori_loop(jnp.int32(0), n_blocks.astype(jnp.int32), prefix_step, state)
+        qb = min(q_block, c)
+        outs = []
+        for i in range(c // qb):  # the chunk against itself, causal, skipping masked key blocks
+            lo, hi = i * qb, (i + 1) * qb
+            st = (state[0][..., lo:hi], state[1][..., lo:hi], state[2][:, lo:hi])
+            mask = jnp.arange(hi, dtype=jnp.int32)[None, :] <= (lo + jnp.arange(qb, dtype=jnp.int32))[:, None]
+            _, l, acc = update(st, q[:, lo:hi], k[:, :hi], v[:, :hi], mask)
+            outs.append(acc / jnp.moveaxis(l, -1, 1)[..., None])
+        return jnp.concatenate(outs, 1).reshape(B, c, Hq * hd).astype(dtype)
+
+    def block(x, w, kc, vc, p):
+        B, c, _ = x.shape
+        h = rmsnorm(x, w["ln1"])
+        q, k, v = jnp.split(h @ w["wqkv"], [Hq * hd, (Hq + Hkv) * hd], -1)
+        pos = p + jnp.arange(c, dtype=jnp.int32)
+        q = rope(q.reshape(B, c, Hq, hd), pos)
+        k = rope(k.reshape(B, c, Hkv, hd), pos)
+        v = v.reshape(B, c, Hkv, hd)
+        x = x + attention(q, k, v, kc, vc, p) @ w["wo"]
+        h = rmsnorm(x, w["ln2"])
+        a, b = jnp.split(h @ w["w13"], 2, -1)
+        x = x + (jax.nn.silu(a) * b) @ w["w2"]
+        return x, (k, v)
+
+    def chunk(weights, x, k_cache, v_cache, p):
+        return jax.lax.scan(lambda x, xs: block(x, xs[0], xs[1], xs[2], p), x, (weights, k_cache, v_cache))
+
+    if q_block <= 0 or kv_block <= 0:
+        raise ValueError("q_block and kv_block must be positive")
+    return jax.jit(chunk)
+
+
+# --------------------------------------------------------------------------- device peaks
+
+
+def _best_time(fn, args, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_device_peaks(dtype, accelerator: bool) -> dict[str, float]:
+    """Best-of-several big matmul (FLOP/s) and streaming read (bytes/s, a reduction) at ``dtype``."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 8192 if accelerator else 2048
+    a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    t_mm = _best_time(mm, (a, a), 10 if accelerator else 5)
+    nbytes = (2 << 30) if accelerator else (256 << 20)
+    itemsize = jnp.dtype(dtype).itemsize
+    x = jnp.ones((nbytes // itemsize // 1024, 1024), dtype)
+    rd = jax.jit(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32))
+    t_rd = _best_time(rd, (x,), 10 if accelerator else 5)
+    del a, x
+    return {"matmul_flops": 2.0 * n ** 3 / t_mm, "matmul_n": n, "read_bandwidth": nbytes / t_rd,
+            "read_bytes": nbytes}
+
+
+def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measured: dict) -> tuple[HardwareSpec, str]:
+    """HardwareSpec of the local device (one die, no links) and a sentence saying where its numbers come from."""
+    kind = device_kind.lower()
+    peak, bw, source = measured["matmul_flops"], measured["read_bandwidth"], None
+    if platform == "gpu" and dtype_bytes == 2:
+        for key, p_, b_, desc in _GPU_NOMINAL:
+            if key in kind:
+                peak, bw, source = p_, b_, f"vendor nominal ({desc})"
+                break
+    if source is None:
+        source = (f"measured at start-up: best {measured['matmul_n']}^3 matmul "
+                  f"{measured['matmul_flops'] / 1e9:.1f} GFLOP/s, best streaming reduction over "
+                  f"{measured['read_bytes'] >> 20} MiB {measured['read_bandwidth'] / 1e9:.1f} GB/s")
+    hw = HardwareSpec(name=f"local-{platform}", rows=1, cols=1, topology="switch", peak_flops=float(peak),
+                      hbm_capacity=80e9, hbm_bandwidth=float(bw), eff_gemm=1.0, eff_attention=1.0, eff_hbm=1.0,
+                      weight_bytes=float(dtype_bytes), kv_bytes=float(dtype_bytes),
+                      activation_bytes=float(dtype_bytes), layer_overhead_s=0.0,
+                      description=f"{device_kind} ({platform}); peak/bandwidth {source}")
+    return hw, source
+
+
+# --------------------------------------------------------------------------- the cost model and its fit
+
+
+def _params(model: ModelSpec, hw: HardwareSpec):
+    return ModelParams.from_spec(model, np.float64), HardwareParams.from_spec(hw, np.float64)
+
+
+def with_fitted(hw: HardwareSpec, fitted: dict[str, float]) -> HardwareSpec:
+    """``hw`` with the fitted efficiencies and layer overhead."""
+    return dataclasses.replace(hw, **{k: float(fitted[k]) for k in FIT_NAMES})
+
+
+def predict_chunk_times(model: ModelSpec, hw: HardwareSpec, c, p, b) -> np.ndarray:
+    """Seconds for one chunk through all ``model.layers`` blocks: ``L x dense_layer_time`` (numpy, float64)."""
+    mp, hp = _params(model, hw)
+    c, p, b = (np.asarray(v, np.float64) for v in (c, p, b))
+    return model.layers * np.asarray(dense_layer_time(mp, hp, c, p, b, xp=np), np.float64)
+
+
+def roofline_terms(model: ModelSpec, hw: HardwareSpec, c, p, b) -> dict[str, np.ndarray]:
+    """Per-layer compute and memory times of the GEMM and attention rooflines (for identifiability)."""
+    mp, hp = _params(model, hw)
+    c, p, b = (np.asarray(v, np.float64) for v in (c, p, b))
+    tokens = b * c
+    P = float(mp.dense_layer_params)
+    return {
+        "gemm_compute": 2 * P * tokens / (hp.peak_flops * hp.eff_gemm),
+        "gemm_memory": (P * hp.weight_bytes + 2 * tokens * mp.hidden * hp.activation_bytes)
+        / (hp.hbm_bandwidth * hp.eff_hbm),
+        "attention_compute": mp.attention_flops_per_pair * b * c * (p + (c + 1) / 2)
+        / (hp.peak_flops * hp.eff_attention),
+        "attention_memory": b * (p + c) * mp.kv_elements_per_token_layer * hp.kv_bytes
+        / (hp.hbm_bandwidth * hp.eff_hbm),
+    }
+
+
+def mape(pred, meas) -> float:
+    """Mean absolute percentage error, in percent."""
+    pred, meas = np.asarray(pred, np.float64), np.asarray(meas, np.float64)
+    if pred.size == 0:
+        return float("nan")
+    return float(100.0 * np.mean(np.abs(pred - meas) / meas))
+
+
+def fit_cost_model(model: ModelSpec, hw: HardwareSpec, c, p, b, t, *, eff_floor: float = 1e-4) -> dict[str, Any]:
+    """Fit ``eff_gemm``, ``eff_attention``, ``eff_hbm`` in ``[eff_floor, 1]`` and ``layer_overhead_s >= 0``.
+
+    Minimises the sum of squared ``log(predicted / measured)`` over the given points with
+    ``scipy.optimize.least_squares`` (trust-region reflective, bounds), started from several points
+    (the roofline ``max`` makes the objective piecewise smooth); the best end point wins.
+
+    Returns ``{"fitted": {...}, "identified": {...}, "binding": {...}, "cost": ..., "starts": ...}``.
+    ``identified[name]`` is False for an efficiency whose roofline branch binds on no point (its value is
+    then the start value and only bounded by the data).
+    """
+    from scipy.optimize import least_squares
+
+    c, p, b, t = (np.asarray(v, np.float64).ravel() for v in (c, p, b, t))
+    if not (c.size == p.size == b.size == t.size) or c.size < len(FIT_NAMES):
+        raise ValueError(f"need at least {len(FIT_NAMES)} points with matching c, p, b, t to fit the cost model")
+    if np.any(t <= 0) or not np.all(np.isfinite(t)):
+        raise ValueError("measured times must be positive and finite")
+    mp, hp0 = _params(model, hw)
+    L = model.layers
+    ovh_unit = max(float(np.min(t)) / L, 1e-9)  # overhead is fitted in units of the fastest point's per-layer time
+
+    def hp_of(x):
+        return dataclasses.replace(hp0, eff_gemm=np.float64(x[0]), eff_attention=np.float64(x[1]),
+                                   eff_hbm=np.float64(x[2]), layer_overhead_s=np.float64(x[3] * ovh_unit))
+
+    logt = np.log(t)
+
+    def resid(x):
+        pred = L * dense_layer_time(mp, hp_of(x), c, p, b, xp=np)
+        return np.log(pred) - logt
+
+    lo = np.array([eff_floor, eff_floor, eff_floor, 0.0])
+    hi = np.array([1.0, 1.0, 1.0, 1.0])  # overhead can't exceed the fastest point's time
+    best = None
+    starts = [(g, a, h, o) for g in (0.05, 0.3, 0.9) for a in (0.02, 0.2, 0.9) for h in (0.2, 0.9) for o in (0.05, 0.5)]
+    for x0 in starts:
+        r = least_squares(resid, np.array(x0, np.float64), bounds=(lo, hi), method="trf", x_scale=1.0,
+                          xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+        if best is None or r.cost < best.cost - 1e-15:
+            best = r
+    x = best.x
+    fitted = {"eff_gemm": float(x[0]), "eff_attention": float(x[1]), "eff_hbm": float(x[2]),
+              "layer_overhead_s": float(x[3] * ovh_unit)}
+    terms = roofline_terms(model, with_fitted(hw, fitted), c, p, b)
+    gemm_mem = terms["gemm_memory"] > terms["gemm_compute"]
+    att_mem = terms["attention_memory"] > terms["attention_compute"]
+    binding = {"gemm_compute_bound": int(np.sum(~gemm_mem)), "gemm_memory_bound": int(np.sum(gemm_mem)),
+               "attention_compute_bound": int(np.sum(~att_mem)), "attention_memory_bound": int(np.sum(att_mem))}
+    identified = {"eff_gemm": bool(np.any(~gemm_mem)), "eff_attention": bool(np.any(~att_mem)),
+                  "eff_hbm": bool(np.any(gemm_mem) or np.any(att_mem)), "layer_overhead_s": True}
+    return {"fitted": fitted, "identified": identified, "binding": binding, "cost": float(best.cost),
+            "rms_log_error": float(np.sqrt(2 * best.cost / c.size)), "starts": len(starts)}
+
+
+def _linear_features(c, p, b, scale_by_batch: bool):
+    c, p, b = (np.asarray(v, np.float64).ravel() for v in (c, p, b))
+    s = b if scale_by_batch else np.ones_like(b)
+    return np.stack([np.ones_like(c), s * c, s * p, s * c * p], axis=1)
+
+
+def fit_linear_baseline(c, p, b, t, scale_by_batch: bool = True) -> np.ndarray:
+    """Coefficients ``(a, b1, b2, b3)`` of ``t = a + b1 c + b2 p + b3 c p`` (times ``B`` when ``scale_by_batch``).
+
+    Relative-error weighted least squares (each row divided by its measured time), the same
+    objective MAPE scores; ``lstsq`` handles rank deficiency (e.g. a single prefix length).
+    """
+    X = _linear_features(c, p, b, scale_by_batch)
+    t = np.asarray(t, np.float64).ravel()
+    scale = np.maximum(np.abs(X).max(axis=0), 1e-300)
+    coef, *_ = np.linalg.lstsq((X / scale) / t[:, None], np.ones_like(t), rcond=None)
+    return coef / scale
+
+
+def predict_linear_baseline(coef, c, p, b, scale_by_batch: bool = True) -> np.ndarray:
+    return _linear_features(c, p, b, scale_by_batch) @ np.asarray(coef, np.float64)
+
+
+def split_cells(n: int, test_fraction: float, seed: int) -> np.ndarray:
+    """Boolean ``is_test[n]``: a seeded random choice of ``round(test_fraction n)`` held-out cells."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    n_test = min(max(int(round(test_fraction * n)), 1), n - len(FIT_NAMES))
+    if n_test < 1:
+        raise ValueError(f"a grid of {n} cells is too small to hold out cells and fit {len(FIT_NAMES)} parameters")
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(n, bool)
+    is_test[rng.choice(n, size=n_test, replace=False)] = True
+    return is_test
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _measure_grid(cfg: CalibrationSize, dtype, seed: int, log=None) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    model = cfg.model
+    L, Hkv, hd = model.layers, model.kv_heads, model.head_dim
+    weights = init_weights(model, dtype, seed)
+    fn = build_chunk_fn(model, dtype, cfg.kv_block, cfg.q_block)
+    s_max = max(cfg.prefixes)
+    s_max = max(cfg.kv_block, -(-s_max // cfg.kv_block) * cfg.kv_block)
+    key = jax.random.key(seed + 1)
+    caches, inputs, compile_s = {}, {}, {}
+    cells = [(c, p, b) for b in cfg.batches for c in cfg.chunks for p in cfg.prefixes]
+    p_dev = {p: jnp.asarray(p, jnp.int32) for p in cfg.prefixes}
+    for b in cfg.batches:
+        k1, k2, key = jax.random.split(key, 3)
+        shape = (L, b, s_max, Hkv, hd)
+        caches[b] = (jax.random.normal(k1, shape, jnp.float32).astype(dtype),
+                     jax.random.normal(k2, shape, jnp.float32).astype(dtype))
+        for c in cfg.chunks:
+            key, k3 = jax.random.split(key)
+            inputs[(b, c)] = jax.random.normal(k3, (b, c, model.hidden), jnp.float32).astype(dtype)
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(weights, inputs[(b, c)], *caches[b], p_dev[cfg.prefixes[0]]))
+            compile_s[(b, c)] = time.perf_counter() - t0
+    if log:
+        log(f"compiled {len(compile_s)} executables in {sum(compile_s.values()):.1f} s")
+
+    def call(cell):
+        c, p, b = cell
+        return fn(weights, inputs[(b, c)], *caches[b], p_dev[p])
+
+    # warm-up round: one call per cell (first touch of its prefix), then size the samples
+    n_inner = {}
+    for cell in cells:
+        jax.block_until_ready(call(cell))
+        t0 = time.perf_counter()
+        jax.block_until_ready(call(cell))
+        dt = time.perf_counter() - t0
+        n_inner[cell] = int(min(max(math.ceil(cfg.min_sample_s / max(dt, 1e-7)), 1), 200))
+
+    rng = np.random.default_rng(seed + 12345)
+    samples = {cell: [] for cell in cells}
+    t_start = time.perf_counter()
+    gc.collect()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(cfg.rounds):
+            for i in rng.permutation(len(cells)):
+                cell = cells[i]
+                n = n_inner[cell]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    jax.block_until_ready(call(cell))
+                samples[cell].append((time.perf_counter() - t0) / n)
+            elapsed = time.perf_counter() - t_start
+            if log:
+                log(f"round {r + 1}/{cfg.rounds} done ({elapsed:.1f} s)")
+            if r + 1 >= cfg.min_rounds and elapsed * (r + 2) / (r + 1) > cfg.measure_budget_s:
+                break
+    finally:
+        if gc_was:
+            gc.enable()
+    measure_s = time.perf_counter() - t_start
+    arr = lambda i: np.array([cell[i] for cell in cells], np.float64)
+    med = np.array([np.median(samples[cell]) for cell in cells])
+    q75 = np.array([np.percentile(samples[cell], 75) for cell in cells])
+    q25 = np.array([np.percentile(samples[cell], 25) for cell in cells])
+    return {
+        "c": arr(0), "p": arr(1), "b": arr(2), "t": med, "t_min": np.array([min(samples[cell]) for cell in cells]),
+        "spread": (q75 - q25) / med, "samples": [samples[cell] for cell in cells],
+        "n_inner": [n_inner[cell] for cell in cells], "rounds": len(next(iter(samples.values()))),
+        "compile_s": float(sum(compile_s.values())), "measure_s": float(measure_s), "kv_cache_tokens": s_max,
+    }
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_path=None, *,
+                    test_fraction: float | None = None, log=None) -> dict:
+    """Measure chunked prefill on the local device, fit the §4 cost model, score it on held-out cells.
+
+    Args:
+      size: ``"small"`` (the test grid: under a minute on a 2-core CPU, compile included),
+        ``"cpu"`` (a fuller CPU grid, a few minutes) or ``"gpu"`` (Llama-8B-sized blocks in bf16,
+        c up to 4096, p up to 32K; refuses to run without an accelerator).
+      seed: seeds the weights, the caches, the round order and the train/test split.
+      json_path, figure_path: where to write the JSON report and the predicted-vs-measured plot
+        (nothing is written for ``None``).
+      test_fraction: share of grid cells held out (default 0.4).
+      log: optional ``callable(str)`` for progress lines.
+
+    Returns a JSON-able dict with at least ``calibration_mape`` (held-out MAPE of the cost model, %),
+    ``baseline_linear_mape``, ``fitted``, ``points``, ``device``, ``grid``, ``wall_s``, and the per-cell
+    ``records`` (c, p, B, measured and predicted seconds, split).
+    """
+    cfg = _check_size(size)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    if test_fraction is not None:
+        cfg = dataclasses.replace(cfg, test_fraction=float(test_fraction))
+    n_cells = len(cfg.chunks) * len(cfg.prefixes) * len(cfg.batches)
+    split_cells(n_cells, cfg.test_fraction, seed)  # validates test_fraction before anything runs
+    t_wall = time.perf_counter()
+
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices()[0]
+    platform = device.platform
+    if cfg.needs_accelerator and platform == "cpu":
+        raise ValueError(f"calibration size {cfg.name!r} needs a GPU/TPU (JAX's default backend here is cpu); "
+                         f"use --size cpu or --size small on a CPU")
+    dtype = jnp.dtype(cfg.dtype)
+    measured_peaks = measure_device_peaks(dtype, accelerator=platform != "cpu")
+    hw, hw_source = nominal_hardware(device.device_kind, platform, dtype.itemsize, measured_peaks)
+    if log:
+        log(f"device {device.device_kind} ({platform}); nominal peak {hw.peak_flops / 1e9:.1f} GFLOP/s, "
+            f"bandwidth {hw.hbm_bandwidth / 1e9:.1f} GB/s ({hw_source})")
+
+    meas = _measure_grid(cfg, dtype, seed, log)
+    c, p, b, t = meas["c"], meas["p"], meas["b"], meas["t"]
+    is_test = split_cells(len(t), cfg.test_fraction, seed)
+    tr = ~is_test
+
+    fit = fit_cost_model(cfg.model, hw, c[tr], p[tr], b[tr], t[tr])
+    hw_fit = with_fitted(hw, fit["fitted"])
+    pred = predict_chunk_times(cfg.model, hw_fit, c, p, b)
+    coef = fit_linear_baseline(c[tr], p[tr], b[tr], t[tr], scale_by_batch=True)
+    base = predict_linear_baseline(coef, c, p, b, scale_by_batch=True)
+    coef_u = fit_linear_baseline(c[tr], p[tr], b[tr], t[tr], scale_by_batch=False)
+    base_u = predict_linear_baseline(coef_u, c, p, b, scale_by_batch=False)
+    rel = (pred - t) / t
+
+    records = [{"c": int(c[i]), "p": int(p[i]), "batch": int(b[i]), "split": "test" if is_test[i] else "train",
+                "measured_s": float(t[i]), "measured_min_s": float(meas["t_min"][i]),
+                "spread_iqr_rel": float(meas["spread"][i]), "calls_per_sample": int(meas["n_inner"][i]),
+                "predicted_s": float(pred[i]), "baseline_linear_s": float(base[i]),
+                "error_pct": float(100 * rel[i])} for i in range(len(t))]
+    report = {
+        "calibration_mape": mape(pred[is_test], t[is_test]),
+        "train_mape": mape(pred[tr], t[tr]),
+        "max_abs_test_error_pct": float(100 * np.max(np.abs(rel[is_test]))),
+        "baseline_linear_mape": mape(base[is_test], t[is_test]),
+        "baseline_linear_train_mape": mape(base[tr], t[tr]),
+        "baseline_linear_unscaled_mape": mape(base_u[is_test], t[is_test]),
+        "baseline_linear": {
+            "model": "t = a + b1*(B*c) + b2*(B*p) + b3*(B*c*p); relative-error weighted least squares on the "
+                     "training cells",
+            "coefficients": coef.tolist(),
+            "unscaled_model": "t = a + b1*c + b2*p + b3*c*p (ignores B)", "unscaled_coefficients": coef_u.tolist()},
+        "fitted": fit["fitted"],
+        "identified": fit["identified"],
+        "binding_train": fit["binding"],
+        "fit_rms_log_error": fit["rms_log_error"],
+        "points": {"train": int(tr.sum()), "test": int(is_test.sum()), "total": int(len(t)),
+                   "split": f"seeded random {1 - cfg.test_fraction:.0%}/{cfg.test_fraction:.0%} of grid cells "
+                            f"(seed {seed})"},
+        "device": device.device_kind,
+        "device_info": {"platform": platform, "device_kind": device.device_kind, "local_devices": jax.local_device_count(),
+                        "jax_version": jax.__version__},
+        "size": cfg.name,
+        "seed": seed,
+        "dtype": str(dtype),
+        "grid": {"chunk_sizes": list(cfg.chunks), "prefix_lengths": list(cfg.prefixes),
+                 "batch_sizes": list(cfg.batches), "cells": int(len(t))},
+        "model": cfg.model.to_dict(),
+        "hardware_nominal": hw.to_dict(),
+        "hardware_fitted": hw_fit.to_dict(),
+        "nominal_source": hw_source,
+        "device_peaks_measured": measured_peaks,
+        "measurement": {"rounds": meas["rounds"], "warmup": "one untimed call per cell after compile",
+                        "statistic": "median over rounds of the mean of back-to-back synchronous calls",
+                        "min_sample_s": cfg.min_sample_s, "kv_block": cfg.kv_block, "q_block": cfg.q_block,
+                        "kv_cache_tokens": meas["kv_cache_tokens"],
+                        "median_spread_iqr_rel": float(np.median(meas["spread"])),
+                        "compile_s": meas["compile_s"], "measure_s": meas["measure_s"]},
+        "predicted": "layers x mocap_jax.costs.dense_layer_time(ModelParams, HardwareParams, c, p, B, xp=numpy) "
+                     "(float64); no embedding / LM head / hand-off",
+        "records": records,
+    }
+    report["wall_s"] = time.perf_counter() - t_wall
+    report = _jsonable(report)
+    if json_path is not None:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        report["json_path"] = str(path)
+    if figure_path is not None:
+        report["figure_path"] = str(plot_calibration(report, figure_path))
+    return report
+
+
+def plot_calibration(report: dict, path) -> Path:
+    """Predicted vs measured per-chunk latency (log-log), train and held-out cells, y = x, fit in the legend."""
+    from matplotlib.figure import Figure
+
+    recs = report["records"]
+    meas = np.array([r["measured_s"] for r in recs]) * 1e3
+    pred = np.array([r["predicted_s"] for r in recs]) * 1e3
+    base = np.array([r["baseline_linear_s"] for r in recs]) * 1e3
+    test = np.array([r["split"] == "test" for r in recs])
+    batch = np.array([r["batch"] for r in recs])
+
+    fig = Figure(figsize=(7.0, 6.2), layout="constrained")
+    ax = fig.add_subplot()
+    lo = min(meas.min(), pred.min()) / 1.5
+    hi = max(meas.max(), pred.max()) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--", label="y = x")
+    for f in (0.85, 1.15):
+        ax.plot([lo, hi], [lo * f, hi * f], color="0.7", lw=0.8, ls=":")
+    f = report["fitted"]
+    ax.scatter(meas[~test], pred[~test], marker="o", s=28, facecolors="none", edgecolors="tab:blue",
+               label=f"cost model, train ({(~test).sum()} cells, MAPE {report['train_mape']:.1f}%)")
+    sc = ax.scatter(meas[test], pred[test], marker="^", s=40, c=np.log2(batch[test]), cmap="viridis",
+                    edgecolors="k", linewidths=0.4,
+                    label=f"cost model, held out ({test.sum()} cells, MAPE {report['calibration_mape']:.1f}%)")
+    ax.scatter(meas[test], base[test], marker="x", s=22, color="tab:red", alpha=0.6,
+               label=f"linear baseline, held out (MAPE {report['baseline_linear_mape']:.1f}%)")
+    ax.plot([], [], " ", label=(f"fit: eff_gemm {f['eff_gemm']:.3f}, eff_attn {f['eff_attention']:.3f},\n"
+                                f"eff_hbm {f['eff_hbm']:.3f}"
+                                f"{'' if report['identified'].get('eff_hbm', True) else ' (not identified)'}, "
+                                f"overhead {f['layer_overhead_s'] * 1e6:.0f} us/layer"))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured per-chunk latency (ms)")
+    ax.set_ylabel("predicted per-chunk latency (ms)")
+    m = report["model"]
+    hw = report["hardware_nominal"]
+    ax.set_title(f"§4 cost model vs {report['device']} ({report['dtype']}), size {report['size']}\n"
+                 f"{m['layers']} layers, hidden {m['hidden']}, GQA {m['q_heads']}/{m['kv_heads']}x{m['head_dim']}; "
+                 f"peak {hw['peak_flops'] / 1e9:.0f} GFLOP/s, {hw['hbm_bandwidth'] / 1e9:.0f} GB/s nominal",
+                 fontsize=9)
+    if len(set(batch[test].tolist())) > 1:
+        cb = fig.colorbar(sc, ax=ax, pad=0.01)
+        cb.set_label("log2 batch (held-out markers)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="upper left", fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    return path
+
+
+__all__ = [
+    "CalibrationSize", "SIZES", "run_calibration", "plot_calibration", "fit_cost_model", "fit_linear_baseline",
+    "predict_linear_baseline", "predict_chunk_times", "roofline_terms", "mape", "split_cells", "nominal_hardware",
+    "measure_device_peaks", "build_chunk_fn", "init_weights", "with_fitted",
+]

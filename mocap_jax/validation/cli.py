@@ -1,0 +1,256 @@
+"""``mocap-jax validate`` and ``mocap-jax bench reference`` (DESIGN §9).
+
+``validate`` runs both validation checks and prints one report: agreement of the
+vectorised simulator with the event-driven reference over random configurations
+(float32 and float64), and calibration of the §4 cost model against measured
+execution (MAPE), when the calibration module is installed.
+
+``bench reference`` times the same configurations through the reference and through
+one ``simulate_batch`` call and reports the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .agreement import METRICS, random_partition, run_reference_agreement, tolerance
+
+_LABELS = {
+    "finish_times": "finish times (every item, stage)",
+    "prefill_latency_s": "prefill latency",
+    "kv_peak_bytes_per_stage": "peak KV per stage",
+    "peak_mem_bytes_per_stage": "peak memory per stage",
+    "throughput_rps": "saturation throughput",
+    "bubble_fraction": "bubble fraction",
+}
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def register(subparsers, bench_subparsers) -> None:
+    """Add ``validate`` to the top-level commands and ``reference`` to ``bench``."""
+    p = subparsers.add_parser(
+        "validate", help="check the simulator: agreement with the event-driven reference, and calibration MAPE",
+        description="Run random configurations through the vectorised simulator (float32 and float64) and the "
+                    "event-driven SimPy reference, report the largest relative error per metric, then report "
+                    "the calibration MAPE of the cost model (DESIGN §9). Exit code 1 if the agreement is "
+                    "outside 1e-9 (float64) / 1e-4 (float32).")
+    p.add_argument("--configs", type=_positive, default=200, help="random configurations to compare (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the configuration generator (default 0)")
+    p.add_argument("--no-calibration", action="store_true", help="skip the calibration check")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=cmd_validate)
+
+    b = bench_subparsers.add_parser(
+        "reference", help="speed of the vectorised simulator against the event-driven reference",
+        description="Time the same random configurations (one model and mesh; random partitions, batches and "
+                    "sequence lengths) through the SimPy reference and through one simulate_batch call "
+                    "(after a warm-up call; compile time reported separately).")
+    b.add_argument("--configs", type=_positive, default=1000, help="configurations (default 1000)")
+    b.add_argument("--model", default="llama3-70b", help="model preset (default llama3-70b)")
+    b.add_argument("--hardware", default="mocap-4x4", help="mesh preset (default mocap-4x4)")
+    b.add_argument("--chunks", type=_positive, default=16, help="chunks per request (default 16)")
+    b.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="vectorised precision")
+    b.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=cmd_bench_reference)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def _enable_x64() -> None:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
+def calibration_check(size: str = "small") -> dict[str, Any]:
+    """Run the calibration check if its module is installed.
+
+    Returns:
+      ``{"available": True, "calibration_mape": ..., "baseline_linear_mape": ..., ...}``, or
+      ``{"available": False, "reason": ...}`` when ``mocap_jax.validation.calibrate`` is absent.
+    """
+    try:
+        from .calibrate import run_calibration
+    except ImportError as e:
+        if e.name != "mocap_jax.validation.calibrate":
+            raise
+        return {"available": False, "reason": "mocap_jax.validation.calibrate is not installed"}
+    res = run_calibration(size=size)
+    out = {"available": True}
+    out.update({k: v for k, v in res.items() if isinstance(v, (int, float, str, bool)) or v is None})
+    return out
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def agreement_ok(report: dict[str, Any]) -> bool:
+    """Whether one dtype's agreement report is within the promised tolerance."""
+    tol = tolerance(report["dtype"])
+    if report["overall_max_rel_err"] > tol:
+        return False
+    return report["dtype"] != "float64" or report["feasible_mismatches"] == 0
+
+
+def cmd_validate(args) -> int:
+    calibration = {"available": False, "reason": "skipped (--no-calibration)"} if args.no_calibration \
+        else calibration_check("small")
+    reports = {"float32": run_reference_agreement(args.configs, args.seed, "float32")}
+    _enable_x64()
+    reports["float64"] = run_reference_agreement(args.configs, args.seed, "float64")
+    ok = all(agreement_ok(r) for r in reports.values())
+    if args.json:
+        out = dict(
+            reference_configs=args.configs, reference_seed=args.seed,
+            reference_max_rel_err={d: r["max_rel_err"] for d, r in reports.items()},
+            reference_tolerance={d: tolerance(d) for d in reports},
+            reference_feasible_mismatches={d: r["feasible_mismatches"] for d, r in reports.items()},
+            reference_ok=ok, reference=reports,
+            calibration_mape=calibration.get("calibration_mape"),
+            baseline_linear_mape=calibration.get("baseline_linear_mape"),
+            calibration=calibration,
+        )
+        print(json.dumps(_jsonable(out), indent=2))
+    else:
+        print(format_validate(reports, calibration, args.configs, ok))
+    return 0 if ok else 1
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{100 * float(v):.2f}%"
+
+
+def format_validate(reports: dict[str, dict], calibration: dict[str, Any], configs: int, ok: bool) -> str:
+    """The human-readable ``validate`` report."""
+    r32, r64 = reports["float32"], reports["float64"]
+    lines = [f"reference agreement: {configs} random configurations, vectorised simulator vs event-driven "
+             f"reference (max relative error)",
+             f"  {'metric':34s} {'float32':>10s} {'float64':>10s}"]
+    for m in METRICS:
+        lines.append(f"  {_LABELS[m]:34s} {r32['max_rel_err'][m]:10.2e} {r64['max_rel_err'][m]:10.2e}")
+    lines.append(f"  {'feasibility mismatches':34s} {r32['feasible_mismatches']:10d} {r64['feasible_mismatches']:10d}")
+    lines.append(f"  {'infeasible configurations':34s} {r32['infeasible_configs']:10d} {r64['infeasible_configs']:10d}")
+    lines.append(f"  tolerance 1e-4 (float32), 1e-9 (float64): {'PASS' if ok else 'FAIL'}")
+    if not ok:
+        for d, r in reports.items():
+            worst = max(r["max_rel_err"], key=r["max_rel_err"].get)
+            if worst in r["worst"]:
+                lines.append(f"  worst {d} {worst}: {r['worst'][worst]}")
+            for cfg in r["mismatched"][:3]:
+                lines.append(f"  {d} feasibility differs: {cfg}")
+    if calibration.get("available"):
+        lines.append(f"calibration (small): MAPE {_pct(calibration.get('calibration_mape'))} on held-out points "
+                     f"(linear baseline {_pct(calibration.get('baseline_linear_mape'))})")
+    else:
+        lines.append(f"calibration: unavailable ({calibration.get('reason')})")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- bench reference
+
+
+def bench_configs(n: int, seed: int, chunks: int) -> dict[str, np.ndarray]:
+    """``n`` random (sequence length, batch, partition) points with ``chunks`` chunks each.
+
+    Returns:
+      ``seq_len [n]``, ``batch [n]`` and ``partition [n, chunks]`` int arrays.
+    """
+    rng = np.random.default_rng(seed)
+    seq = np.round(2 ** rng.uniform(max(10, math.log2(chunks)), 17, size=n)).astype(np.int64)
+    batch = rng.integers(1, 9, size=n)
+    part = np.stack([random_partition(rng, int(s), chunks) for s in seq])
+    return dict(seq_len=seq, batch=batch.astype(np.int64), partition=part.astype(np.int64))
+
+
+def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware: str = "mocap-4x4",
+                        chunks: int = 16, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
+    """Time ``configs`` points through the reference and through one ``simulate_batch`` call.
+
+    Returns:
+      ``configs``; ``reference_wall_s`` (all points, one by one); ``vectorised_wall_s``
+      (one ``simulate_batch`` call after a warm-up call); ``compile_s`` (warm-up call
+      minus timed call: tracing and compilation); ``speedup`` (reference / vectorised);
+      ``per_config_us`` for both; ``max_rel_err_latency`` between the two as a sanity check.
+    """
+    import mocap_jax
+    from .reference import reference_simulate
+
+    if chunks > 2 ** 10:
+        raise ValueError(f"--chunks must be at most 1024, got {chunks}")
+    pts = bench_configs(configs, seed, chunks)
+    kw = dict(scheme="terapipe", chunks=chunks, release="stage", admission="streaming", num_batches=1)
+    t0 = time.perf_counter()
+    first = mocap_jax.simulate_batch(model, hardware, pts["seq_len"], batch=pts["batch"], partition=pts["partition"],
+                                     dtype=dtype, **kw)
+    np.asarray(first.prefill_latency_s)
+    t1 = time.perf_counter()
+    vec = mocap_jax.simulate_batch(model, hardware, pts["seq_len"], batch=pts["batch"], partition=pts["partition"],
+                                   dtype=dtype, **kw)
+    lat_vec = np.asarray(vec.prefill_latency_s, np.float64)
+    t2 = time.perf_counter()
+    warm, vec_wall = t1 - t0, t2 - t1
+    lat_ref = np.empty(configs)
+    t3 = time.perf_counter()
+    for i in range(configs):
+        r = reference_simulate(model, hardware, int(pts["seq_len"][i]), batch=int(pts["batch"][i]),
+                               partition=pts["partition"][i], **kw)
+        lat_ref[i] = r.prefill_latency_s
+    ref_wall = time.perf_counter() - t3
+    both_inf = np.isinf(lat_ref) & np.isinf(lat_vec)
+    err = np.where(both_inf, 0.0, np.abs(lat_vec - lat_ref) / np.abs(lat_ref))
+    err = np.where(np.isnan(err), np.inf, err)
+    return dict(configs=configs, model=model, hardware=hardware, chunks=chunks, dtype=dtype,
+                reference_wall_s=ref_wall, vectorised_wall_s=vec_wall, compile_s=max(warm - vec_wall, 0.0),
+                warmup_call_s=warm, speedup=ref_wall / vec_wall,
+                reference_per_config_us=1e6 * ref_wall / configs, vectorised_per_config_us=1e6 * vec_wall / configs,
+                max_rel_err_latency=float(err.max()), feasible_configs=int(np.isfinite(lat_ref).sum()))
+
+
+def cmd_bench_reference(args) -> int:
+    res = run_bench_reference(args.configs, args.model, args.hardware, args.chunks, args.dtype, args.seed)
+    if args.json:
+        print(json.dumps(_jsonable(res), indent=2))
+        return 0
+    print(f"bench reference: {res['configs']} configurations of {res['model']} on {res['hardware']} "
+          f"({res['chunks']} random chunks, random batch and sequence length), {res['dtype']}")
+    print(f"  event-driven reference  {res['reference_wall_s']:9.3f} s  ({res['reference_per_config_us']:10.1f} us/config)")
+    print(f"  vectorised (one call)   {res['vectorised_wall_s']:9.3f} s  ({res['vectorised_per_config_us']:10.1f} us/config)")
+    print(f"  compile (warm-up call)  {res['compile_s']:9.3f} s")
+    print(f"  speed-up                {res['speedup']:9.1f} x")
+    print(f"  latency agreement       {res['max_rel_err_latency']:9.2e} max relative error "
+          f"({res['feasible_configs']} feasible)")
+    return 0
+
+
+__all__ = ["register", "cmd_validate", "cmd_bench_reference", "calibration_check", "run_bench_reference",
+           "bench_configs", "format_validate", "agreement_ok"]
