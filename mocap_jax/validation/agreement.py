@@ -91,15 +91,19 @@ def sample_config(rng: np.random.Generator, model: str | None = None, hardware: 
     model = model or str(rng.choice(AGREEMENT_MODELS))
     hardware = hardware or str(rng.choice(AGREEMENT_MESHES))
     scheme = scheme or str(rng.choice(["terapipe", "gpipe"], p=[0.7, 0.3]))
-    seq_len = int(round(2 ** rng.uniform(8, 17.5)))          # 256 .. ~185k tokens, log-uniform
-    batch = int(rng.integers(1, 9))
+    if rng.random() < 0.25:   # memory stress: long prompts, large batches (many are infeasible)
+        seq_len = int(round(2 ** rng.uniform(16, 18)))       # 64k .. 262k tokens
+        batch = int(round(2 ** rng.uniform(3.5, 6)))         # 11 .. 64 requests
+    else:
+        seq_len = int(round(2 ** rng.uniform(8, 17)))        # 256 .. 131k tokens, log-uniform
+        batch = int(round(2 ** rng.uniform(0, 4)))           # 1 .. 16 requests, log-uniform
     if scheme == "terapipe":
         chunks = int(rng.integers(1, max_chunks + 1))
         partition = random_partition(rng, seq_len, chunks)
         microbatch = 1
     else:
         partition = None
-        microbatch = int(rng.integers(1, batch + 1))
+        microbatch = int(rng.integers(-(-batch // max_chunks), batch + 1))   # at most max_chunks microbatches
     return AgreementConfig(model=model, hardware=hardware, seq_len=seq_len, scheme=scheme, batch=batch,
                            partition=partition, microbatch=microbatch,
                            release=str(rng.choice(["stage", "request"])),

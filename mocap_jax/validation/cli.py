@@ -192,6 +192,11 @@ def bench_configs(n: int, seed: int, chunks: int) -> dict[str, np.ndarray]:
     return dict(seq_len=seq, batch=batch.astype(np.int64), partition=part.astype(np.int64))
 
 
+def _field(result, name: str):
+    """A field of a batched result, whether it is a mapping or an object with attributes."""
+    return result[name] if isinstance(result, dict) else getattr(result, name)
+
+
 def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware: str = "mocap-4x4",
                         chunks: int = 16, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
     """Time ``configs`` points through the reference and through one ``simulate_batch`` call.
@@ -212,11 +217,11 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
     t0 = time.perf_counter()
     first = mocap_jax.simulate_batch(model, hardware, pts["seq_len"], batch=pts["batch"], partition=pts["partition"],
                                      dtype=dtype, **kw)
-    np.asarray(first.prefill_latency_s)
+    np.asarray(_field(first, "prefill_latency_s"))
     t1 = time.perf_counter()
     vec = mocap_jax.simulate_batch(model, hardware, pts["seq_len"], batch=pts["batch"], partition=pts["partition"],
                                    dtype=dtype, **kw)
-    lat_vec = np.asarray(vec.prefill_latency_s, np.float64)
+    lat_vec = np.asarray(_field(vec, "prefill_latency_s"), np.float64)
     t2 = time.perf_counter()
     warm, vec_wall = t1 - t0, t2 - t1
     lat_ref = np.empty(configs)

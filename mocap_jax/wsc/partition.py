@@ -1,0 +1,377 @@
+"""Resource partition (DESIGN §10): instance shapes, TP strategies and prefill/decode counts.
+
+1. Enumerate every rectangular instance shape that fits the wafer (both orientations
+   count as one shape on a mesh) and every TP strategy in the given set.
+2. Evaluate, in one ``jit(vmap)`` call over all candidates, the per-die goodput of a
+   prefill instance and of a decode instance on the workload
+   (:func:`instance_goodput`).
+3. Pick the best candidate of each phase (highest goodput per die; ties go to fewer
+   dies, then to the earlier strategy in the list).
+4. Size the counts: among all ``(n_prefill, n_decode) >= 1`` that fit the dies, take
+   the one with the highest served rate ``min(n_p x r_p, n_d x r_d)`` (both phases
+   keep pace), then fewest dies, that can actually be packed as non-overlapping
+   rectangles (:func:`mocap_jax.wsc.placement.pack_instances`, exact).
+
+Goodput (requests/s an instance sustains within its SLO, saturated):
+
+* prefill: chunked prefill with a token budget ``C`` per iteration.  A request of
+  ``S`` prompt tokens costs ``S`` GEMM tokens, ``S (S + 1) / 2`` causal attention pairs
+  and ``S (max(S, C) / C + 1) / 2`` KV tokens read; a representative iteration carries
+  ``C`` tokens with the workload's token-weighted averages of those, so one request
+  costs ``E[S] / C`` iterations.  TTFT of a mean request (no queueing),
+  ``max(E[S] / C, 1)`` iterations, must be within ``ttft_slo_s``, and the instance must
+  hold the KV of the workload's longest prompt.
+* decode: continuous batching of ``B`` requests whose KV context averages
+  ``E[O (S + (O + 1) / 2)] / E[O]`` tokens (time-weighted over a request's decode);
+  memory reserves each request's final context ``E[O (S + O)] / E[O]``.  The batch is
+  the one with the highest ``B / (E[O] x t_decode(B))`` among ``B <= max_batch``
+  that fit the KV capacity and keep ``t_decode(B) <= tpot_slo_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..costs import ModelParams
+from ..specs import ModelSpec, SpecError, get_model
+from . import perf
+from .hardware import WaferParams, WaferSpec, get_wafer
+from .workload import WorkloadParams, WorkloadSpec, get_workload
+
+Array = Any
+
+
+def _pytree(cls):
+    cls = dataclass(frozen=True)(cls)
+    return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
+
+
+@_pytree
+class ServingTargets:
+    """Serving knobs of the goodput evaluation (traced scalars).
+
+    Fields:
+      chunk_tokens: prefill token budget per iteration (chunked prefill), tokens.
+      tpot_slo_s: time-per-output-token SLO of a decode iteration, seconds.
+      ttft_slo_s: time-to-first-token SLO of a mean request's prefill (no queueing), seconds.
+    """
+
+    chunk_tokens: Array
+    tpot_slo_s: Array
+    ttft_slo_s: Array
+
+    @staticmethod
+    def make(chunk_tokens: float = 2048, tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, dtype=jnp.float32):
+        for name, v in (("chunk_tokens", chunk_tokens), ("tpot_slo_s", tpot_slo_s), ("ttft_slo_s", ttft_slo_s)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or math.isnan(v):
+                raise SpecError(f"{name} must be a positive number, got {v!r}")
+        if chunk_tokens != int(chunk_tokens):
+            raise SpecError(f"chunk_tokens must be a whole number of tokens, got {chunk_tokens!r}")
+        return ServingTargets(np.asarray(chunk_tokens, dtype), np.asarray(tpot_slo_s, dtype),
+                              np.asarray(ttft_slo_s, dtype))
+
+
+def workload_moments(wl: WorkloadParams, chunk_tokens):
+    """Per-request expectations over the workload points (all scalars).
+
+    Returns a dict with ``mean_prompt``, ``pairs`` (causal attention pairs),
+    ``kv_read`` (KV tokens read over all chunks), ``mean_output``, ``ctx_mean``
+    (time-weighted decode context, tokens), ``ctx_reserve`` (final context, tokens,
+    output-weighted) and ``max_prompt``.
+    """
+    s, o, w = wl.prompt, wl.output, wl.weight
+    c = chunk_tokens
+    mean_o = jnp.sum(w * o)
+    return {
+        "mean_prompt": jnp.sum(w * s),
+        "pairs": jnp.sum(w * s * (s + 1.0) / 2.0),
+        "kv_read": jnp.sum(w * s * (jnp.maximum(s, c) / c + 1.0) / 2.0),
+        "mean_output": mean_o,
+        "ctx_mean": jnp.sum(w * o * (s + (o + 1.0) / 2.0)) / mean_o,
+        "ctx_reserve": jnp.sum(w * o * (s + o)) / mean_o,
+        "max_prompt": jnp.max(s),
+    }
+
+
+def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl: WorkloadParams,
+                     targets: ServingTargets, max_batch: int = 256) -> dict[str, Array]:
+    """Goodput of one instance as a prefill instance and as a decode instance.
+
+    Pure function of traced inputs; ``max_batch`` (the decode batch grid size) is
+    static.  ``vmap`` over ``plan`` for many instance shapes, over ``hw`` for design points.
+
+    Returns (scalars, per instance):
+      prefill_fits, prefill_rps, prefill_rps_per_die, prefill_iter_s, ttft_s,
+      decode_fits, decode_rps, decode_rps_per_die, decode_batch, tpot_s,
+      weight_bytes_per_die, kv_tokens_capacity (decode, per instance).
+    """
+    mo = workload_moments(wl, targets.chunk_tokens)
+    C = targets.chunk_tokens
+    es = mo["mean_prompt"]
+    t_iter = perf.prefill_time(model, hw, plan, C, C * mo["pairs"] / es, C * mo["kv_read"] / es, C / es)
+    t_req = es / C * t_iter
+    ttft = jnp.maximum(es / C, 1.0) * t_iter
+    weights = perf.weight_bytes_per_die(model, hw, plan)
+    kv_tok = perf.kv_bytes_per_token_per_die(model, hw, plan)
+    pre_need = weights + perf.workspace_bytes(model, hw, C) + mo["max_prompt"] * kv_tok
+    prefill_fits = pre_need <= hw.usable_dram
+    prefill_rps = jnp.where(prefill_fits & (ttft <= targets.ttft_slo_s), 1.0 / t_req, 0.0)
+
+    b = jnp.arange(1, max_batch + 1, dtype=t_iter.dtype)
+    t_dec = perf.decode_time(model, hw, plan, b, b * mo["ctx_mean"])
+    cap = perf.kv_capacity_tokens(model, hw, plan, float(max_batch))
+    b_mem = jnp.floor(cap / mo["ctx_reserve"])
+    ok = (b <= b_mem) & (t_dec <= targets.tpot_slo_s)
+    thr = jnp.where(ok, b / (mo["mean_output"] * t_dec), 0.0)
+    best = jnp.argmax(thr)
+    any_ok = jnp.any(ok)
+    decode_rps = jnp.where(any_ok, thr[best], 0.0)
+    return {
+        "prefill_fits": prefill_fits,
+        "prefill_rps": prefill_rps,
+        "prefill_rps_per_die": prefill_rps / plan.dies,
+        "prefill_iter_s": t_iter,
+        "ttft_s": ttft,
+        "decode_fits": b_mem >= 1,
+        "decode_rps": decode_rps,
+        "decode_rps_per_die": decode_rps / plan.dies,
+        "decode_batch": jnp.where(any_ok, b[best], 0.0),
+        "tpot_s": jnp.where(any_ok, t_dec[best], jnp.inf),
+        "weight_bytes_per_die": weights,
+        "kv_tokens_capacity": cap,
+    }
+
+
+@partial(jax.jit, static_argnames=("max_batch",))
+def _goodput_batch(model, hw, plans, wl, targets, max_batch):
+    return jax.vmap(lambda p: instance_goodput(model, hw, p, wl, targets, max_batch))(plans)
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def instance_shapes(wafer: WaferSpec, max_dies: int | None = None) -> list[tuple[int, int]]:
+    """Rectangular instance shapes that fit the wafer, one per shape up to rotation on a mesh.
+
+    On a cluster (rows = nodes): ``1 x k`` inside one node, and whole nodes ``r x cols``.
+    """
+    shapes = []
+    if wafer.is_mesh:
+        for h in range(1, wafer.rows + 1):
+            for w in range(1, wafer.cols + 1):
+                if h > w and w <= wafer.rows and h <= wafer.cols:
+                    continue  # its rotation (w x h) is already listed
+                shapes.append((h, w))
+    else:
+        shapes = [(1, k) for k in range(1, wafer.cols + 1)] + [(r, wafer.cols) for r in range(2, wafer.rows + 1)]
+    if max_dies is not None:
+        shapes = [s for s in shapes if s[0] * s[1] <= max_dies]
+    return sorted(shapes, key=lambda s: (s[0] * s[1], s))
+
+
+@dataclass
+class Candidate:
+    """One (shape, strategy) evaluated as prefill and as decode instance."""
+
+    config: perf.InstanceConfig
+    prefill_fits: bool
+    prefill_rps: float
+    prefill_rps_per_die: float
+    prefill_iter_s: float
+    ttft_s: float
+    decode_fits: bool
+    decode_rps: float
+    decode_rps_per_die: float
+    decode_batch: int
+    tpot_s: float
+    weight_gb_per_die: float
+    kv_tokens_capacity: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(rows=self.config.rows, cols=self.config.cols, strategy=self.config.strategy, dies=self.config.dies)
+        del d["config"]
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+@dataclass
+class PartitionResult:
+    """Outcome of :func:`partition` (see the module docstring)."""
+
+    wafer: str
+    model: str
+    workload: str
+    offered_rps: float
+    strategies: tuple[str, ...]
+    candidates: list[Candidate]
+    prefill: Candidate
+    decode: Candidate
+    n_prefill: int
+    n_decode: int
+    prefill_capacity_rps: float
+    decode_capacity_rps: float
+    served_rps: float
+    dies_used: int
+    dies_total: int
+    min_prefill_for_rate: int
+    min_decode_for_rate: int
+    meets_rate: bool
+    packing: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # (kind, row, col, rows, cols)
+    runtime_s: float = 0.0
+    evaluate_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("wafer", "model", "workload", "offered_rps", "n_prefill", "n_decode",
+                                            "prefill_capacity_rps", "decode_capacity_rps", "served_rps",
+                                            "dies_used", "dies_total", "min_prefill_for_rate", "min_decode_for_rate",
+                                            "meets_rate", "runtime_s", "evaluate_s")}
+        d["strategies"] = list(self.strategies)
+        d["prefill"] = self.prefill.to_dict()
+        d["decode"] = self.decode.to_dict()
+        d["packing"] = [dict(kind=k, row=r, col=c, rows=h, cols=w) for k, r, c, h, w in self.packing]
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        return d
+
+
+def _pick(cands: list[Candidate], key: str, strategies: Sequence[str]) -> Candidate | None:
+    ok = [c for c in cands if getattr(c, key) > 0]
+    if not ok:
+        return None
+    return max(ok, key=lambda c: (getattr(c, key), -c.config.dies, -strategies.index(c.config.strategy)))
+
+
+def size_counts(wafer: WaferSpec, prefill: tuple[int, int], prefill_rps: float, decode: tuple[int, int],
+                decode_rps: float, node_budget: int = 200_000):
+    """Instance counts that maximise ``min(n_p r_p, n_d r_d)`` and can be packed on the wafer.
+
+    Returns:
+      (n_prefill, n_decode, packing) with packing a list of ``(kind, row, col, rows, cols)``.
+
+    Raises:
+      SpecError: not even one instance of each phase can be packed.
+    """
+    from .placement import pack_instances
+
+    a_p, a_d = prefill[0] * prefill[1], decode[0] * decode[1]
+    d = wafer.num_dies
+    options = []
+    for n_p in range(1, d // a_p + 1):
+        for n_d in range(1, (d - n_p * a_p) // a_d + 1):
+            options.append((min(n_p * prefill_rps, n_d * decode_rps), n_p * a_p + n_d * a_d, n_p, n_d))
+    options.sort(key=lambda o: (-o[0], o[1], -o[3]))
+    for _, _, n_p, n_d in options:
+        placed = pack_instances(wafer.rows, wafer.cols, [(prefill, n_p), (decode, n_d)],
+                                allow_rotation=wafer.is_mesh, node_budget=node_budget)
+        if placed is not None:
+            kinds = ("prefill", "decode")
+            return n_p, n_d, [(kinds[i], r, c, h, w) for i, r, c, h, w in placed]
+    raise SpecError(f"cannot place one {prefill[0]}x{prefill[1]} prefill and one {decode[0]}x{decode[1]} decode "
+                    f"instance together on the {wafer.rows}x{wafer.cols} grid of {wafer.name}; use a larger wafer")
+
+
+def evaluate_candidates(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, targets: ServingTargets,
+                        strategies: Sequence[str] = perf.STRATEGIES, max_batch: int = 256,
+                        shapes: Sequence[tuple[int, int]] | None = None, dtype=jnp.float32) -> list[Candidate]:
+    """Evaluate every (shape, strategy) candidate in one vmapped call."""
+    shapes = instance_shapes(wafer) if shapes is None else list(shapes)
+    configs = [perf.InstanceConfig(h, w, s) for (h, w) in shapes for s in strategies]
+    plans = perf.stack_plans([perf.tp_plan(model, wafer, c, dtype) for c in configs])
+    out = _goodput_batch(perf.model_params(model, dtype), WaferParams.from_spec(wafer, dtype), plans,
+                         WorkloadParams.from_spec(workload, dtype), targets, max_batch)
+    out = jax.tree_util.tree_map(np.asarray, out)
+    return [
+        Candidate(config=c, prefill_fits=bool(out["prefill_fits"][i]), prefill_rps=float(out["prefill_rps"][i]),
+                  prefill_rps_per_die=float(out["prefill_rps_per_die"][i]),
+                  prefill_iter_s=float(out["prefill_iter_s"][i]), ttft_s=float(out["ttft_s"][i]),
+                  decode_fits=bool(out["decode_fits"][i]), decode_rps=float(out["decode_rps"][i]),
+                  decode_rps_per_die=float(out["decode_rps_per_die"][i]),
+                  decode_batch=int(out["decode_batch"][i]), tpot_s=float(out["tpot_s"][i]),
+                  weight_gb_per_die=float(out["weight_bytes_per_die"][i]) / 1e9,
+                  kv_tokens_capacity=float(out["kv_tokens_capacity"][i]))
+        for i, c in enumerate(configs)
+    ]
+
+
+def validate_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
+    strategies = tuple(strategies)
+    if not strategies:
+        raise SpecError(f"give at least one TP strategy ({', '.join(perf.STRATEGIES)})")
+    bad = [s for s in strategies if s not in perf.STRATEGIES]
+    if bad:
+        raise SpecError(f"unknown TP strategy {bad[0]!r}; choose from {', '.join(perf.STRATEGIES)}")
+    return tuple(dict.fromkeys(strategies))
+
+
+def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str | WorkloadSpec" = "azure-conv",
+              rate: float | None = None, strategies: Sequence[str] = perf.STRATEGIES, chunk_tokens: int = 2048,
+              tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, max_batch: int = 256,
+              max_instance_dies: int | None = None, dtype=jnp.float32) -> PartitionResult:
+    """Choose prefill/decode instance shapes, TP strategies and counts for a workload.
+
+    Args:
+      model: preset name or :class:`ModelSpec`.
+      wafer: WSC-LLM hardware preset name or :class:`WaferSpec`.
+      workload: preset name, trace CSV path or :class:`WorkloadSpec`.
+      rate: offered requests/s (default: the workload's).
+      strategies: TP strategies to consider (:data:`mocap_jax.wsc.perf.STRATEGIES`).
+      chunk_tokens: prefill token budget per iteration.
+      tpot_slo_s, ttft_slo_s: SLOs (seconds).
+      max_batch: largest decode batch considered.
+      max_instance_dies: skip shapes with more dies.
+
+    Raises:
+      SpecError (a ValueError): bad input, or a model that fits no instance of the wafer.
+    """
+    t0 = time.perf_counter()
+    model = get_model(model)
+    wafer = get_wafer(wafer)
+    workload = get_workload(workload, rate)
+    strategies = validate_strategies(strategies)
+    targets = ServingTargets.make(chunk_tokens, tpot_slo_s, ttft_slo_s, dtype)
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise SpecError(f"max_batch must be a positive integer, got {max_batch!r}")
+    if max_instance_dies is not None and (not isinstance(max_instance_dies, int) or max_instance_dies < 1):
+        raise SpecError(f"max_instance_dies must be a positive integer, got {max_instance_dies!r}")
+    shapes = instance_shapes(wafer, max_instance_dies)
+    t1 = time.perf_counter()
+    cands = evaluate_candidates(model, wafer, workload, targets, strategies, max_batch, shapes, dtype)
+    t_eval = time.perf_counter() - t1
+    best_p = _pick(cands, "prefill_rps_per_die", strategies)
+    best_d = _pick(cands, "decode_rps_per_die", strategies)
+    if best_p is None or best_d is None:
+        weights_gb = model.total_params * wafer.weight_bytes / 1e9
+        fits_any = [c for c in cands if c.prefill_fits or c.decode_fits]
+        why = ("its weights" + f" ({weights_gb:.0f} GB)" + " do not fit any rectangular instance"
+               if not fits_any else "no instance meets the SLOs (TTFT / TPOT)")
+        phase = "prefill" if best_p is None else "decode"
+        raise SpecError(f"model {model.name} has no feasible {phase} instance on {wafer.name} "
+                        f"({wafer.rows}x{wafer.cols} dies of {wafer.dram_capacity / 1e9:g} GB): {why}; use dies with "
+                        f"more DRAM (--dram-gb), a larger grid, a smaller model, or looser SLOs")
+    pshape = (best_p.config.rows, best_p.config.cols)
+    dshape = (best_d.config.rows, best_d.config.cols)
+    n_p, n_d, packing = size_counts(wafer, pshape, best_p.prefill_rps, dshape, best_d.decode_rps)
+    cap_p, cap_d = n_p * best_p.prefill_rps, n_d * best_d.decode_rps
+    served = min(cap_p, cap_d)
+    return PartitionResult(
+        wafer=wafer.name, model=model.name, workload=workload.name, offered_rps=workload.rate,
+        strategies=strategies, candidates=cands, prefill=best_p, decode=best_d, n_prefill=n_p, n_decode=n_d,
+        prefill_capacity_rps=cap_p, decode_capacity_rps=cap_d, served_rps=served,
+        dies_used=n_p * best_p.config.dies + n_d * best_d.config.dies, dies_total=wafer.num_dies,
+        min_prefill_for_rate=math.ceil(workload.rate / best_p.prefill_rps - 1e-9),
+        min_decode_for_rate=math.ceil(workload.rate / best_d.decode_rps - 1e-9),
+        meets_rate=served >= workload.rate, packing=packing, runtime_s=time.perf_counter() - t0, evaluate_s=t_eval)
+
+
+__all__ = [
+    "ServingTargets", "workload_moments", "instance_goodput", "instance_shapes", "Candidate", "PartitionResult",
+    "evaluate_candidates", "size_counts", "partition", "validate_strategies",
+]

@@ -1,0 +1,158 @@
+"""simulate / simulate_batch: semantics on hand-checked cases, batching, buckets, feasibility, bad input."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import mocap_jax as mj
+from mocap_jax import api
+from mocap_jax.schedule import evaluate_batched
+from mocap_jax.specs import get_hardware, get_model
+
+
+def test_terapipe_items_and_closed_form_without_handoff():
+    hw = get_hardware("mocap-2x2").replace(link_latency_s=0.0, link_bandwidth=1e30)
+    r = mj.simulate("llama3.1-8b", hw, 4096, "terapipe", chunks=8, batch=2, num_batches=1)
+    t = r.stage_times
+    assert t.shape == (8, 4)
+    # every stage holds 8 layers of an 8B model; embeddings/head make the ends slightly slower
+    assert np.allclose(t[:, 1], t[:, 2])
+    assert r.finish_times[-1, -1] == pytest.approx(r.prefill_latency_s)
+    assert r.prefill_latency_s >= t.sum(0).max()
+    # later chunks of equal size cost more (attention over a longer prefix)
+    assert np.all(np.diff(t[:, 1]) > 0)
+
+
+def test_stage_release_peak_is_all_but_last_chunk():
+    m, hw = get_model("llama3-70b"), get_hardware("mocap-4x4")
+    S, M, B = 32768, 8, 2
+    r = mj.simulate(m, hw, S, chunks=M, batch=B, num_batches=1, release="stage")
+    kv_token_stage = 5 * m.kv_bytes_per_token_layer(2)  # 80 layers / 16 stages
+    expected = B * (S - S // M) * kv_token_stage
+    np.testing.assert_allclose(r.kv_peak_bytes_per_stage, expected, rtol=1e-6)
+    rq = mj.simulate(m, hw, S, chunks=M, batch=B, num_batches=1, release="request")
+    expected = np.full(16, B * S * kv_token_stage)
+    expected[-1] = B * (S - S // M) * kv_token_stage  # on the last stage the request leaves as its last chunk lands
+    np.testing.assert_allclose(rq.kv_peak_bytes_per_stage, expected, rtol=1e-6)
+
+
+def test_gpipe_stage_release_holds_no_kv_but_request_release_does():
+    r = mj.simulate("llama3-70b", "mocap-4x4", 8192, "gpipe", batch=4, num_batches=1)
+    assert np.all(r.kv_peak_bytes_per_stage == 0) and r.feasible
+    assert r.chunks == 1 and r.extra["items_per_batch"] == 4
+    rq = mj.simulate("llama3-70b", "mocap-4x4", 8192, "gpipe", batch=4, num_batches=1, release="request")
+    assert rq.kv_peak_bytes_per_stage[0] > 0
+    # stage 0 holds KV of microbatches until they leave the last stage: more than the last stage ever holds
+    assert rq.kv_peak_bytes_per_stage[0] >= rq.kv_peak_bytes_per_stage[-1]
+
+
+def test_streaming_overlaps_batches_and_synchronous_does_not():
+    kw = dict(chunks=8, batch=2, num_batches=3)
+    st = mj.simulate("llama3-70b", "mocap-4x4", 16384, admission="streaming", **kw)
+    sy = mj.simulate("llama3-70b", "mocap-4x4", 16384, admission="synchronous", **kw)
+    K = 8
+    assert st.finish_times[K, 0] < st.finish_times[K - 1, -1]          # batch 1 starts before batch 0 leaves
+    assert sy.start_times[K, 0] >= sy.finish_times[K - 1, -1] - 1e-9   # ... and never under synchronous
+    assert st.throughput_rps > sy.throughput_rps
+    # streaming saturation period is the bottleneck stage's work per batch
+    assert st.period_s == pytest.approx(st.stage_times.sum(0).max(), rel=1e-6)
+
+
+def test_streaming_period_matches_long_run():
+    r = mj.simulate("llama3-70b", "mocap-4x4", 16384, chunks=8, batch=2, num_batches=12, timeline=False)
+    exits = r.finish_times[7::8, -1]
+    assert np.diff(exits)[-1] == pytest.approx(r.period_s, rel=1e-4)
+
+
+def test_timeline_peaks_agree_with_peak():
+    r = mj.simulate("llama3-70b", "mocap-4x4", 16384, chunks=8, batch=2, num_batches=2)
+    np.testing.assert_allclose(r.timeline_kv_bytes.max(0), r.kv_peak_bytes_per_stage, rtol=1e-6)
+
+
+def test_batched_equals_loop_of_single_simulations():
+    rng = np.random.default_rng(0)
+    S = 16384
+    parts = [rng.multinomial(S - 12, np.ones(12) / 12) + 1 for _ in range(5)]
+    batches = rng.integers(1, 6, 5)
+    out = mj.simulate_batch("llama3-70b", "mocap-4x4", S, partition=np.stack(parts), batch=batches, dtype="float64")
+    for i in range(5):
+        r = mj.simulate("llama3-70b", "mocap-4x4", S, partition=parts[i], batch=int(batches[i]), dtype="float64",
+                        timeline=False)
+        assert out["prefill_latency_s"][i] == pytest.approx(r.prefill_latency_s, rel=1e-12)
+        np.testing.assert_allclose(out["kv_peak_bytes_per_stage"][i][:16], r.kv_peak_bytes_per_stage, rtol=1e-12)
+        np.testing.assert_allclose(out["finish_times"][i][:, :12, :16].reshape(-1, 16), r.finish_times, rtol=1e-12)
+
+
+def test_no_recompilation_inside_a_bucket():
+    """Different partitions, chunk counts, sequence lengths, batches and stage counts share one program."""
+    before = evaluate_batched._cache_size()
+    kw = dict(dtype="float32", num_batches=2, k_pad=32)
+    for S, M, B in [(8192, 20, 1), (16384, 32, 3), (65536, 17, 2)]:
+        mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S], chunks=M, batch=[B, B + 1], block_size=8, **kw)
+    for stages in (9, 12, 16):  # N_pad = 16 for all
+        mj.simulate_batch("llama3-70b", "mocap-4x4", [8192] * 2, chunks=8, stages=stages, block_size=8, **kw)
+    mj.simulate_batch("llama3-70b", "mocap-2x4", [8192] * 2, chunks=8, stages=8, block_size=8,
+                      release="request", admission="synchronous", **kw)
+    assert evaluate_batched._cache_size() - before <= 2  # N_pad 16 and N_pad 8
+
+
+def test_mesh_sizes_share_a_bucket_program():
+    before = evaluate_batched._cache_size()
+    for hw in ("mocap-3x3", "mocap-3x4", "mocap-4x4"):
+        mj.simulate_batch("llama3-70b", hw, [8192] * 4, chunks=8, block_size=4, k_pad=8)
+    assert evaluate_batched._cache_size() - before == 1
+
+
+def test_infeasible_points_are_results_not_errors():
+    out = mj.simulate_batch("llama3-70b", "mocap-4x4", [8192, 4_000_000], chunks=16, batch=[1, 16])
+    assert out["feasible"].tolist() == [True, False]
+    assert np.isinf(out["prefill_latency_s"][1]) and not np.any(np.isnan(out["prefill_latency_s"]))
+    r = mj.simulate("llama3-70b", "mocap-4x4", 4_000_000, chunks=16, batch=16, timeline=False)
+    assert not r.feasible and np.isinf(r.prefill_latency_s) and r.throughput_rps == 0
+
+
+def test_max_feasible_batch_is_the_boundary():
+    S, M = 131072, 16
+    B = mj.max_feasible_batch("llama3-70b", "mocap-4x4", S, chunks=M)
+    assert B > 1
+    ok = mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S], chunks=M, batch=[B, B + 1])["feasible"]
+    assert ok.tolist() == [True, False]
+    r = mj.simulate("llama3-70b", "mocap-4x4", S, chunks=M, batch="auto", timeline=False)
+    assert r.batch == B and r.feasible
+
+
+def test_max_feasible_seq_len_is_the_boundary():
+    g = 256
+    S = mj.max_feasible_seq_len("llama3-70b", "mocap-4x4", chunks=16, batch=4, granularity=g)
+    assert S % g == 0
+    ok = mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S + g], chunks=16, batch=4)["feasible"]
+    assert ok.tolist() == [True, False]
+
+
+def test_multi_wafer_and_gpu_node_run():
+    r = mj.simulate("llama3.1-405b", "mocap-4x4x2w", 32768, chunks=16, batch=2, timeline=False)
+    assert r.feasible and r.num_stages == 32
+    g = mj.simulate("llama3-70b", "h100-x8", 8192, chunks=8, timeline=False)
+    assert g.feasible and np.all(g.handoff_times[:, :-1] > 0)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    (dict(model="llama3-7b"), "unknown model"),
+    (dict(hardware="mocap-4x"), "unknown hardware"),
+    (dict(seq_len=0), "seq_len must be a positive integer"),
+    (dict(seq_len=100.5), "seq_len must be a positive integer"),
+    (dict(seq_len=10, chunks=20), "20 chunks need at least 20 tokens"),
+    (dict(seq_len=100, partition=[50, 40]), "sums to 90"),
+    (dict(seq_len=100, partition=[101, -1]), "positive number of tokens"),
+    (dict(model="llama3.1-405b", hardware="mocap-2x2"), "does not fit"),
+    (dict(scheme="terapip"), "Did you mean 'terapipe'"),
+    (dict(release="never"), "unknown release policy"),
+    (dict(batch=0), "batch must be a positive integer"),
+    (dict(stages=40), "dies"),
+])
+def test_bad_input_raises_value_error(kwargs, fragment):
+    args = dict(model="llama3-70b", hardware="mocap-4x4", seq_len=8192)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=fragment):
+        mj.simulate(args.pop("model"), args.pop("hardware"), args.pop("seq_len"), **args)
