@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -21,12 +22,15 @@ import numpy as np
 
 from . import costs
 from .costs import HardwareParams, ModelParams, StageLayout
+from .mbkr import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, STATIC_PAIRING_CODE, MBKRParams,
+                   check_thresholds, pair_routes, partner_of)
 from .mesh import snake_placement
 from .schedule import ItemTable, Point, SimShape, bucket, evaluate_batched, evaluate_one
 from .specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 CORE_SCHEMES = ("gpipe", "terapipe")
-SCHEMES = CORE_SCHEMES
+MBKR_SCHEMES = ("mbkr",)
+SCHEMES = CORE_SCHEMES + MBKR_SCHEMES
 RELEASE_POLICIES = ("stage", "request")
 ADMISSION_MODES = ("streaming", "synchronous")
 DEFAULT_MAX_BATCH = 1024
@@ -111,9 +115,25 @@ def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int) -> None:
             f"(e.g. --hardware mocap-RxC) or a smaller model")
 
 
-def check_placement(hw: HardwareSpec, placement, n: int) -> np.ndarray:
+@functools.lru_cache(maxsize=64)
+def searched_placement(hw: HardwareSpec, n: int, pairing: str) -> np.ndarray:
+    """Placement minimising traffic-weighted hops for a pairing (cached per hardware, N, pairing)."""
+    from .placement import search_placement
+
+    static = pairing if pairing in ("cross-half", "head-to-tail") else "cross-half"
+    return search_placement(hw, n, static).placement
+
+
+def check_placement(hw: HardwareSpec, placement, n: int, scheme: str = "terapipe", pairing: str = "cross-half") -> np.ndarray:
+    """Resolve ``placement``: None (snake, or searched for MBKR schemes), "snake", "searched", or die indices."""
     if placement is None:
-        return snake_placement(hw, n)
+        placement = "searched" if scheme in ("mbkr", "mocap") and pairing != "none" else "snake"
+    if isinstance(placement, str):
+        if placement == "snake":
+            return snake_placement(hw, n)
+        if placement == "searched":
+            return searched_placement(hw, n, pairing)
+        raise ValueError(f"placement must be 'snake', 'searched' or a list of die indices, got {placement!r}")
     pl = np.asarray(placement, dtype=np.int64)
     if pl.shape != (n,) or len(set(pl.tolist())) != n or pl.min() < 0 or pl.max() >= hw.num_dies:
         raise ValueError(f"placement must list {n} distinct die indices in [0, {hw.num_dies}), got {placement!r}")
@@ -200,11 +220,53 @@ def _np(x):
 # --------------------------------------------------------------------------- building points
 
 
+@dataclass(frozen=True)
+class MBKRConfig:
+    """User-facing MBKR settings (validated); see docs/semantics.md."""
+
+    pairing: str = "cross-half"
+    p1: float = DEFAULT_P1
+    p2: float = DEFAULT_P2
+    read_overlap: float = DEFAULT_READ_OVERLAP
+
+    def __post_init__(self):
+        _choice("pairing", self.pairing, PAIRINGS)
+        check_thresholds(self.p1, self.p2, self.read_overlap)
+
+    @property
+    def mode(self) -> str:
+        return "dynamic" if self.pairing == "dynamic" else "static"
+
+
+def mbkr_mode(scheme: str, cfg: "MBKRConfig") -> str:
+    """Static MBKR mode of a scheme: ``"off"``, ``"static"`` or ``"dynamic"``."""
+    return cfg.mode if scheme in ("mbkr", "mocap") else "off"
+
+
+def mbkr_params(hw: HardwareSpec, placement, n_pad: int, cfg: "MBKRConfig", mode: str, dtype) -> MBKRParams:
+    """MBKR numbers; the route matrices share link bandwidth among hand-offs and pair routes."""
+    n = len(placement)
+    code = STATIC_PAIRING_CODE.get(cfg.pairing, 0)
+    partner = partner_of(code, n, n, xp=np) if mode == "static" else None
+    hops, bw = pair_routes(hw, placement, partner, n_pad, dtype)
+    return MBKRParams(p1=np.asarray(cfg.p1, dtype), p2=np.asarray(cfg.p2, dtype),
+                      read_overlap=np.asarray(cfg.read_overlap, dtype), pairing=np.asarray(code, np.int32),
+                      stage_hops=hops, stage_bandwidth=bw)
+
+
 def _point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, admission: str,
-           release: str, dtype) -> Point:
+           release: str, dtype, mbkr: "MBKRConfig | None" = None, mode: str = "off") -> Point:
+    mbkr = mbkr or MBKRConfig()
+    mp = mbkr_params(hw, placement, n_pad, mbkr, mode, dtype)
+    layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
+    # hand-offs see the bandwidth left to them on links shared with other concurrent transfers
+    n = len(placement)
+    shared_bw = np.ones(n_pad, dtype)
+    shared_bw[: n - 1] = mp.stage_bandwidth[np.arange(n - 1), np.arange(1, n)]
+    layout = dataclasses.replace(layout, handoff_bandwidth=shared_bw)
     return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
-                 layout=StageLayout.from_placement(hw, placement, n_pad, dtype),
-                 synchronous=np.asarray(admission == "synchronous"), release_request=np.asarray(release == "request"))
+                 layout=layout, synchronous=np.asarray(admission == "synchronous"),
+                 release_request=np.asarray(release == "request"), mbkr=mp)
 
 
 def chunked_item_table(partition: np.ndarray, batch: int, k_pad: int) -> ItemTable:
@@ -245,7 +307,9 @@ def _items_per_batch(scheme: str, batch: int, partition, microbatch: int) -> int
 def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks: int | None = None,
              batch: int | str = 1, partition=None, release: str = "stage", admission: str = "streaming",
              num_batches: int = 2, microbatch: int = 1, placement=None, stages: int | None = None,
-             dtype="float32", max_batch: int = DEFAULT_MAX_BATCH, timeline: bool = True) -> SimResult:
+             dtype="float32", max_batch: int = DEFAULT_MAX_BATCH, timeline: bool = True,
+             pairing: str = "cross-half", p1: float = DEFAULT_P1, p2: float = DEFAULT_P2,
+             read_overlap: float = DEFAULT_READ_OVERLAP) -> SimResult:
     """Simulate prefill of ``num_batches`` batches of ``batch`` requests of ``seq_len`` tokens.
 
     Args:
@@ -265,28 +329,56 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
       dtype: ``"float32"`` (default) or ``"float64"``.
       max_batch: upper end of the ``batch="auto"`` search.
       timeline: compute the per-stage KV occupancy time series.
+      pairing, p1, p2, read_overlap: MBKR settings for ``scheme="mbkr"`` (docs/semantics.md):
+        pairing policy (``cross-half``, ``none``, ``head-to-tail``, ``dynamic``), role
+        thresholds as fractions of a stage's KV budget, and the fraction of local
+        attention time that hides a remote read.
 
     Returns:
-      :class:`SimResult`.
+      :class:`SimResult`; for MBKR, ``extra`` holds spilled bytes, remote-read,
+      spill-write, blocking and migration seconds.
     """
+    mb = MBKRConfig(pairing, p1, p2, read_overlap)
     cfg = _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, max_batch)
+                   microbatch, placement, stages, dtype, max_batch, pairing)
     m, hw, S, part, n, pl, dt = cfg["model"], cfg["hardware"], cfg["seq_len"], cfg["partition"], cfg["stages"], cfg["placement"], cfg["dtype"]
     B = cfg["batch"]
     if B == "auto":
         B = max_feasible_batch(m, hw, S, scheme, partition=part, release=release, admission=admission,
                                num_batches=num_batches, microbatch=microbatch, placement=pl, stages=n,
-                               dtype=dt, max_batch=max_batch)
+                               dtype=dt, max_batch=max_batch, pairing=pairing, p1=p1, p2=p2,
+                               read_overlap=read_overlap)
         if B == 0:
             B = 1  # report the single-request configuration (infeasible)
     k1 = _items_per_batch(scheme, B, part, microbatch)
-    shape = SimShape(k_pad=bucket(k1), n_pad=bucket(n), num_batches=num_batches, timeline=timeline)
-    point = _point(m, hw, _items(scheme, S, B, part, microbatch, shape.k_pad), pl, shape.n_pad, admission, release, dt)
+    mode = mbkr_mode(scheme, mb)
+    shape = SimShape(k_pad=bucket(k1), n_pad=bucket(n), num_batches=num_batches, timeline=timeline, mbkr=mode)
+    point = _point(m, hw, _items(scheme, S, B, part, microbatch, shape.k_pad), pl, shape.n_pad, admission, release, dt,
+                   mb, mode)
     out = jax.device_get(evaluate_one(point, shape))
     f = np.asarray(out["finish_times"])[:, :k1, :n]                 # [nb, K1, N]
     t = np.asarray(out["stage_times"])[:k1, :n]
+    t_eff = np.broadcast_to(t, (num_batches, k1, n))
+    if mode != "off":
+        t_eff = t_eff + np.asarray(out["mbkr_extra_times"])[:, :k1, :n]
     finish = f.reshape(num_batches * k1, n)
-    start = finish - np.tile(t, (num_batches, 1))
+    start = finish - t_eff.reshape(num_batches * k1, n)
+    extra = {"raw_latency_s": float(out["raw_latency_s"]), "items_per_batch": k1}
+    timeline_times = np.asarray(out["timeline_times"]) if timeline and mode == "off" else None
+    timeline_kv = np.asarray(out["timeline_kv_bytes"])[:, :n] if timeline and mode == "off" else None
+    if mode != "off":
+        extra.update(pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap,
+                     spilled_bytes=float(out["spilled_bytes"]), remote_read_s=float(out["remote_read_s"]),
+                     remote_read_unhidden_s=float(out["remote_read_unhidden_s"]),
+                     spill_write_s=float(out["spill_write_s"]), blocking_s=float(out["blocking_s"]),
+                     migrate_s=float(out["migrate_s"]),
+                     spilled_bytes_per_stage=np.asarray(out["spilled_bytes_per_stage"])[:n],
+                     blocking_s_per_stage=np.asarray(out["blocking_s_per_stage"])[:n],
+                     kv_budget_bytes_per_stage=np.asarray(out["kv_budget_bytes_per_stage"])[:n],
+                     mbkr_extra_times=np.asarray(out["mbkr_extra_times"])[:, :k1, :n],
+                     partner=np.asarray(out["partner"])[:n])
+        if timeline:
+            timeline_times, timeline_kv = mbkr_timeline(out, n, mode, timeline_points=1024)
     return SimResult(
         scheme=scheme, model=m.name, hardware=hw.name, seq_len=S, batch=int(B),
         chunks=len(part) if scheme != "gpipe" else 1, partition=part if scheme != "gpipe" else np.full(1, S),
@@ -301,14 +393,44 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
         weight_bytes_per_stage=np.asarray(out["weight_bytes_per_stage"])[:n],
         peak_mem_bytes_per_stage=np.asarray(out["peak_mem_bytes_per_stage"])[:n],
         capacity_bytes=float(out["capacity_bytes"]),
-        timeline_times=np.asarray(out["timeline_times"]) if timeline else None,
-        timeline_kv_bytes=np.asarray(out["timeline_kv_bytes"])[:, :n] if timeline else None,
-        extra={"raw_latency_s": float(out["raw_latency_s"]), "items_per_batch": k1},
+        timeline_times=timeline_times, timeline_kv_bytes=timeline_kv, extra=extra,
     )
 
 
+def mbkr_timeline(out: dict, n: int, mode: str, timeline_points: int = 1024):
+    """Per-stage local KV (own + hosted) after each MBKR event, on a common time grid.
+
+    Returns ``times [T]`` and ``bytes [T, N]``: every distinct event time (at most
+    ``timeline_points``, evenly subsampled), each stage's occupancy just after it.
+    """
+    t_ev = np.asarray(out["mbkr_event_time"])
+    loc = np.asarray(out["mbkr_event_local"])
+    series = []  # (times, values) per stage
+    if mode == "dynamic":
+        keep = np.isfinite(t_ev)
+        series = [(t_ev[keep], loc[keep, s]) for s in range(n)]
+    else:
+        partner = np.asarray(out["partner"])[:n]
+        loc_b = np.asarray(out["mbkr_event_local_partner"])
+        for s in range(n):
+            q = partner[s]
+            slot, col = (s, loc) if (q < 0 or q > s) else (q, loc_b)
+            keep = np.isfinite(t_ev[slot])
+            series.append((t_ev[slot][keep], col[slot][keep]))
+    grid = np.unique(np.concatenate([ts for ts, _ in series]))
+    if len(grid) > timeline_points:
+        grid = grid[np.linspace(0, len(grid) - 1, timeline_points).astype(int)]
+    occ = np.zeros((len(grid), n))
+    for s, (ts, vs) in enumerate(series):
+        if len(ts) == 0:
+            continue
+        idx = np.searchsorted(ts, grid, side="right") - 1      # last event at or before each grid time
+        occ[:, s] = np.where(idx >= 0, vs[np.clip(idx, 0, None)], 0.0)
+    return grid, occ
+
+
 def _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release, admission, num_batches,
-             microbatch, placement, stages, dtype, max_batch) -> dict:
+             microbatch, placement, stages, dtype, max_batch, pairing: str = "cross-half") -> dict:
     """Validate everything a simulation takes; return resolved values."""
     m = get_model(model)
     hw = get_hardware(hardware)
@@ -332,7 +454,8 @@ def _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release
         part = uniform_partition(S, M)
     n = check_stages(m, hw, stages)
     check_weights_fit(m, hw, n)
-    pl = check_placement(hw, placement, n)
+    _choice("pairing", pairing, PAIRINGS)
+    pl = check_placement(hw, placement, n, scheme, pairing)
     return dict(model=m, hardware=hw, seq_len=S, partition=part, stages=n, placement=pl, dtype=_dtype(dtype),
                 batch=batch)
 
@@ -343,7 +466,9 @@ def _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release
 def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks: int | None = None, batch=1,
                    partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                    microbatch: int = 1, stages: int | None = None, placement=None, dtype="float32",
-                   block_size: int = 4096, k_pad: int | None = None) -> dict[str, np.ndarray]:
+                   block_size: int = 4096, k_pad: int | None = None, pairing: str = "cross-half",
+                   p1: float = DEFAULT_P1, p2: float = DEFAULT_P2,
+                   read_overlap: float = DEFAULT_READ_OVERLAP) -> dict[str, np.ndarray]:
     """Evaluate P configurations of one model and hardware in compiled, vectorised calls.
 
     Args:
@@ -368,7 +493,8 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     dt = _dtype(dtype)
     n = check_stages(m, hw, stages)
     check_weights_fit(m, hw, n)
-    pl = check_placement(hw, placement, n)
+    mb = MBKRConfig(pairing, p1, p2, read_overlap)
+    pl = check_placement(hw, placement, n, scheme, pairing)
     seq = np.atleast_1d(np.asarray(seq_len))
     bat = np.atleast_1d(np.asarray(batch))
     if partition is not None:
@@ -399,10 +525,11 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     else:
         k_items = int((part > 0).sum(1).max())
     k_pad = bucket(k_items) if k_pad is None else k_pad
-    shape = SimShape(k_pad=k_pad, n_pad=bucket(n), num_batches=num_batches, timeline=False)
+    mode = mbkr_mode(scheme, mb)
+    shape = SimShape(k_pad=k_pad, n_pad=bucket(n), num_batches=num_batches, timeline=False, mbkr=mode)
     items = _batched_items(scheme, seq, bat, part, microbatch, k_pad)
     base = _point(m, hw, _items(scheme, int(seq[0]), int(bat[0]), part[0][part[0] > 0], microbatch, k_pad), pl,
-                  shape.n_pad, admission, release, dt)
+                  shape.n_pad, admission, release, dt, mb, mode)
     outs = []
     for lo in range(0, P, block_size):
         hi = min(P, lo + block_size)
@@ -478,7 +605,7 @@ def _largest_true(feasible_fn, lo: int, hi: int, grid: int = 64) -> int:
 def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks: int | None = None,
                        partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                        microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
-                       max_batch: int = DEFAULT_MAX_BATCH) -> int:
+                       max_batch: int = DEFAULT_MAX_BATCH, **mbkr) -> int:
     """Largest batch B' (requests) whose every stage fits its usable HBM; 0 if even B = 1 does not.
 
     A vectorised bracket search over B in [1, max_batch] (feasibility is monotone in
@@ -486,7 +613,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
     no KV outlives its microbatch, so B' is capped only by ``max_batch``.
     """
     cfg = _resolve(model, hardware, seq_len, scheme, chunks, 1, partition, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, max_batch)
+                   microbatch, placement, stages, dtype, max_batch, mbkr.get("pairing", "cross-half"))
     part = cfg["partition"]
     k_pad = bucket(-(-max_batch // microbatch)) if scheme == "gpipe" else bucket(len(part))
 
@@ -494,7 +621,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
         out = simulate_batch(cfg["model"], cfg["hardware"], cfg["seq_len"], scheme, batch=batches,
                              partition=part[None, :], release=release, admission=admission, num_batches=num_batches,
                              microbatch=microbatch, stages=cfg["stages"], placement=cfg["placement"],
-                             dtype=cfg["dtype"], k_pad=k_pad)
+                             dtype=cfg["dtype"], k_pad=k_pad, **mbkr)
         return out["feasible"]
 
     return max(_largest_true(feasible, 1, int(max_batch)), 0)
@@ -503,7 +630,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
 def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: int = 16, batch: int = 1,
                          release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                          microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
-                         granularity: int = 1, max_seq_len: int = 1 << 24) -> int:
+                         granularity: int = 1, max_seq_len: int = 1 << 24, **mbkr) -> int:
     """Longest prompt S (a multiple of ``granularity``) that fits with uniform ``chunks`` chunks.
 
     A vectorised bracket search over S in [chunks, max_seq_len]; returns 0 if even
@@ -513,7 +640,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
     M = _positive_int("chunks", chunks)
     g = _positive_int("granularity", granularity)
     cfg = _resolve(model, hardware, max(M * g, 1), scheme, M, batch, None, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, DEFAULT_MAX_BATCH)
+                   microbatch, placement, stages, dtype, DEFAULT_MAX_BATCH, mbkr.get("pairing", "cross-half"))
     lo = -(-M // g) if scheme != "gpipe" else 1
     hi = int(max_seq_len) // g
     if hi < lo:
@@ -523,7 +650,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
         seqs = units * g
         out = simulate_batch(cfg["model"], cfg["hardware"], seqs, scheme, chunks=M, batch=cfg["batch"],
                              release=release, admission=admission, num_batches=num_batches, microbatch=microbatch,
-                             stages=cfg["stages"], placement=cfg["placement"], dtype=cfg["dtype"])
+                             stages=cfg["stages"], placement=cfg["placement"], dtype=cfg["dtype"], **mbkr)
         return out["feasible"]
 
     best = _largest_true(feasible, lo, hi)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from . import api
+from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
 from .specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
 
 
@@ -48,6 +49,15 @@ def add_config_args(p: argparse.ArgumentParser, schemes=None, seq_len=True):
     p.add_argument("--microbatch", type=positive_int, default=1, help="requests per GPipe microbatch")
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every die)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--placement", default=None,
+                   help="stage-to-die map: snake, searched, or comma-separated die indices "
+                        "(default: searched for MBKR schemes, snake otherwise)")
+    g = p.add_argument_group("MBKR (schemes mbkr, mocap)")
+    g.add_argument("--pairing", default="cross-half", choices=PAIRINGS, help="stage pairing policy")
+    g.add_argument("--p1", type=float, default=DEFAULT_P1, help=f"creditor threshold, fraction of KV budget (default {DEFAULT_P1})")
+    g.add_argument("--p2", type=float, default=DEFAULT_P2, help=f"debtor threshold, fraction of KV budget (default {DEFAULT_P2})")
+    g.add_argument("--read-overlap", type=float, default=DEFAULT_READ_OVERLAP,
+                   help="fraction of local attention time that hides a remote KV read")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
 
@@ -75,13 +85,23 @@ def format_result(r: api.SimResult) -> str:
                      f"{100 * r.stage_utilisation[s]:5.1f}")
     for k, v in r.extra.items():
         if k not in ("raw_latency_s", "items_per_batch") and not isinstance(v, (list, np.ndarray, dict)):
-            lines.append(f"  {k:<18} {v}")
+            lines.append(f"  {k:<22} {v:.6g}" if isinstance(v, float) else f"  {k:<22} {v}")
     return "\n".join(lines)
+
+
+def placement_arg(text):
+    if text is None or text in ("snake", "searched"):
+        return text
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--placement takes snake, searched or comma-separated die indices, got {text!r}") from None
 
 
 def _sim_kwargs(args) -> dict:
     return dict(chunks=args.chunks, release=args.release, admission=args.admission, num_batches=args.num_batches,
-                microbatch=args.microbatch, stages=args.stages, dtype=args.dtype)
+                microbatch=args.microbatch, stages=args.stages, dtype=args.dtype, placement=placement_arg(args.placement),
+                pairing=args.pairing, p1=args.p1, p2=args.p2, read_overlap=args.read_overlap)
 
 
 def cmd_simulate(args) -> int:

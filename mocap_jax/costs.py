@@ -268,3 +268,10 @@ def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c
     """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``."""
     tokens = (b * c)[..., None]
     return tokens * kv_per_token + hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes
+
+
+def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp):
+    """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap)."""
+    dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
+    cc, pp, bb = (x[..., None] for x in (c, p, b))
+    return (dense + moe) * attention_time(model, hw, cc, pp, bb, xp)

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import costs
 from .costs import HardwareParams, ModelParams, StageLayout, _pytree
+from .mbkr import MBKRParams, dynamic_spills, pair_spills, partner_of, spill_costs
 from .pipeline import finish_times, pipeline_latency
 
 Array = Any
@@ -34,6 +35,9 @@ class SimShape(NamedTuple):
       num_batches: consecutive identical batches simulated.
       timeline: also return per-stage KV occupancy at event times (every event
         time, or every ``stride``-th so that at most ``timeline_points`` remain).
+      mbkr: ``"off"``, ``"static"`` (pairing given by ``Point.mbkr.pairing``) or
+        ``"dynamic"`` (re-matching), see :mod:`mocap_jax.mbkr`.
+      mbkr_iterations: spill-decision / timing passes (docs/semantics.md).
     """
 
     k_pad: int
@@ -41,6 +45,8 @@ class SimShape(NamedTuple):
     num_batches: int = 2
     timeline: bool = False
     timeline_points: int = 1024
+    mbkr: str = "off"
+    mbkr_iterations: int = 2
 
 
 def bucket(n: int, minimum: int = 4) -> int:
@@ -118,6 +124,7 @@ class Point:
       synchronous: bool scalar, synchronous admission (else streaming).
       release_request: bool scalar, KV released when the request leaves the last
         stage (else when the stage finishes the request's last chunk).
+      mbkr: :class:`~mocap_jax.mbkr.MBKRParams` (ignored when ``SimShape.mbkr == "off"``).
     """
 
     items: ItemTable
@@ -126,6 +133,7 @@ class Point:
     layout: StageLayout
     synchronous: Array
     release_request: Array
+    mbkr: MBKRParams
 
 
 def item_costs(point: Point, n_pad: int):
@@ -142,21 +150,24 @@ def item_costs(point: Point, n_pad: int):
 
 
 def batch_finish_times(t, d, synchronous, num_batches: int):
-    """Finish times of ``num_batches`` identical batches run back to back, ``[nb, K, N]``.
+    """Finish times of ``num_batches`` batches run back to back, ``[nb, K, N]``.
 
-    Streaming: the next batch's items queue behind the previous ones (ready = 0).
-    Synchronous: a batch is ready when the previous one has left the last stage.
+    ``t`` is ``[K, N]`` (identical batches) or ``[nb, K, N]`` (per-batch times, e.g.
+    with MBKR costs).  Streaming: the next batch's items queue behind the previous
+    ones (ready = 0).  Synchronous: a batch is ready when the previous one has left
+    the last stage.
     """
     dtype = t.dtype
+    tb = jnp.broadcast_to(t, (num_batches,) + t.shape[-2:])
 
-    def one(carry, _):
+    def one(carry, t_j):
         stage_free, exit_time = carry
         ready = jnp.where(synchronous, exit_time, jnp.zeros((), dtype))
-        f = finish_times(t, d, jnp.full(t.shape[:1], ready, dtype), stage_free)
+        f = finish_times(t_j, d, jnp.full(t_j.shape[:1], ready, dtype), stage_free)
         return (f[-1], f[-1, -1]), f
 
-    init = (jnp.zeros(t.shape[1:], dtype), jnp.zeros((), dtype))
-    _, f = jax.lax.scan(one, init, None, length=num_batches)
+    init = (jnp.zeros(t.shape[-1:], dtype), jnp.zeros((), dtype))
+    _, f = jax.lax.scan(one, init, tb)
     return f
 
 
@@ -224,21 +235,67 @@ def evaluate(point: Point, shape: SimShape) -> dict:
     kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, n_pad)   # [N]
     tokens = (it.requests * it.tokens).astype(dt)                   # [K] request-tokens per item
     kv = jnp.where(it.valid[:, None], tokens[:, None] * kv_tok[None, :], 0.0)   # [K, N]
-    grp = f[:, it.group_last, :]                                   # [nb, K, N]
-    release = jnp.where(point.release_request, grp[:, :, -1:], grp)
-    fe = f.reshape(nb * k_pad, n_pad)
-    re = jnp.broadcast_to(release, f.shape).reshape(nb * k_pad, n_pad)
-    kve = jnp.broadcast_to(kv, f.shape).reshape(nb * k_pad, n_pad)
-    peak_kv = kv_peak(fe, kve, re)
+    kve = jnp.broadcast_to(kv, (nb,) + kv.shape).reshape(nb * k_pad, n_pad)
+
+    def events(f):
+        grp = f[:, it.group_last, :]                               # [nb, K, N]
+        release = jnp.where(point.release_request, grp[:, :, -1:], grp)
+        fe = f.reshape(nb * k_pad, n_pad)
+        re = jnp.broadcast_to(release, f.shape).reshape(nb * k_pad, n_pad)
+        return fe, re
 
     workspace = jnp.max(jnp.where(it.valid[:, None],
                                   costs.item_workspace_bytes(model, hw, kv_tok, it.tokens.astype(dt),
                                                              it.requests.astype(dt)), 0.0), axis=0)
     workspace = jnp.where(stage_live, workspace, 0.0)
     weights = costs.stage_weight_bytes(model, hw, n, n_pad)
-    peak_mem = weights + workspace + peak_kv
     capacity = hw.usable_hbm
-    feasible = jnp.all((peak_mem <= capacity) | ~stage_live)
+    extra_out = {}
+    fe, re = events(f)
+    if shape.mbkr == "off":
+        peak_kv = kv_peak(fe, kve, re)
+        overflow = jnp.zeros((), bool)
+    else:
+        mb = point.mbkr
+        budget = jnp.where(stage_live, capacity - weights - workspace, 1.0)
+        attention = costs.stage_attention_times(model, hw, layout, it.tokens.astype(dt), it.prefix.astype(dt),
+                                                it.requests.astype(dt), n_pad)
+        kidx = jnp.arange(k_pad)
+        same_before = (it.group_last[:, None] == it.group_last[None, :]) & (kidx[None, :] < kidx[:, None]) \
+            & it.valid[None, :]
+        partner = jnp.where(stage_live, partner_of(mb.pairing, n, n_pad), -1)
+        for _ in range(shape.mbkr_iterations):
+            if shape.mbkr == "dynamic":
+                spills = dynamic_spills(fe, re, kve, budget, mb.p1, mb.p2, n)
+            else:
+                spills = pair_spills(fe, re, kve, budget, partner, mb.p1, mb.p2, n)
+            mc = spill_costs(spills, attention, same_before, mb, hw.link_latency_s, hw.eff_link,
+                             hw.hbm_bandwidth, hw.eff_hbm, nb)
+            f = batch_finish_times(t[None] + mc["extra"], d, point.synchronous, nb)
+            fe, re = events(f)
+        peak_kv = spills["peak"]
+        overflow = spills["overflow"]
+        latency = f[0, -1, -1]
+        t_eff = (t[None] + mc["extra"])[0]
+        stage_work = jnp.sum(t_eff, axis=0)
+        period = jnp.where(point.synchronous, latency, jnp.max(stage_work))
+        throughput = requests / period
+        bubble = 1.0 - jnp.sum(stage_work) / (n.astype(dt) * latency)
+        utilisation = jnp.where(stage_live, stage_work / period, 0.0)
+        extra_out = dict(
+            spilled_bytes=jnp.sum(spills["moved"]), spilled_bytes_per_stage=jnp.sum(spills["moved"], axis=0),
+            remote_read_s=jnp.sum(mc["read"]), remote_read_unhidden_s=jnp.sum(mc["read_extra"]),
+            spill_write_s=jnp.sum(mc["write"]), blocking_s=jnp.sum(mc["block"]),
+            blocking_s_per_stage=jnp.sum(mc["block"], axis=(0, 1)), migrate_s=jnp.sum(mc["migrate"]),
+            mbkr_extra_times=mc["extra"], mbkr_event_time=spills["event_time"],
+            mbkr_event_local=spills["event_local"], kv_budget_bytes_per_stage=budget,
+        )
+        if shape.mbkr == "static":
+            extra_out["mbkr_event_local_partner"] = spills["event_local_partner"]
+            extra_out["mbkr_slot_active"] = spills["slot_active"]
+        extra_out["partner"] = partner
+    peak_mem = weights + workspace + peak_kv
+    feasible = jnp.all((peak_mem <= capacity) | ~stage_live) & ~overflow
 
     out = dict(
         finish_times=f, stage_times=t, handoff_times=d, raw_latency_s=latency,
@@ -246,8 +303,9 @@ def evaluate(point: Point, shape: SimShape) -> dict:
         throughput_rps=jnp.where(feasible, throughput, 0.0), period_s=period, bubble_fraction=bubble,
         stage_utilisation=utilisation, kv_peak_bytes_per_stage=peak_kv, workspace_bytes_per_stage=workspace,
         weight_bytes_per_stage=weights, peak_mem_bytes_per_stage=peak_mem, capacity_bytes=capacity,
+        **extra_out,
     )
-    if shape.timeline:
+    if shape.timeline and shape.mbkr == "off":
         times = jnp.sort(fe.reshape(-1))                            # [E * N] every event time
         stride = -(-times.shape[0] // shape.timeline_points)
         times = times[stride - 1::stride] if stride > 1 else times

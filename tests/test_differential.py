@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import mocap_jax
-from mocap_jax.validation.agreement import (AgreementConfig, compare, random_partition, run_reference_agreement,
-                                            sample_configs, tolerance)
+from mocap_jax.validation.agreement import (METRICS, AgreementConfig, compare, random_partition,
+                                            run_reference_agreement, sample_configs, tolerance)
 from mocap_jax.validation.reference import reference_simulate
 
 SEED = 0
@@ -50,6 +50,17 @@ def _check(vec, ref, cfg: AgreementConfig, dtype: str):
         else:
             assert vec.prefill_latency_s == math.inf, where
     assert _rel(vec.bubble_fraction, ref.bubble_fraction, 1e-6) <= tol, f"bubble fraction: {where}"
+    if dtype == "float64" and getattr(vec, "timeline_times", None) is not None:
+        # the occupancy time series: the reference level after everything at each of the vectorised
+        # times (an event within 1e-12 relative of a time counts as at that time: the two sides
+        # may round an event time differently in the last bit)
+        taus = np.asarray(vec.timeline_times) * (1 + 1e-12)
+        n = len(ref.placement)
+        for s in range(n):
+            tl = ref.kv_timeline[s]
+            level = tl[np.searchsorted(tl[:, 0], taus, side="right") - 1, 1]
+            assert _rel(np.asarray(vec.timeline_kv_bytes)[:, s], level, kv_scale) <= tol, \
+                f"KV occupancy of stage {s} differs: {where}"
 
 
 def test_configurations_cover_the_space():
@@ -61,6 +72,7 @@ def test_configurations_cover_the_space():
     assert {c.num_batches for c in cfgs} == {1, 2, 3}
     assert {"qwen3-235b-a22b", "mixtral-8x22b"} & {c.model for c in cfgs}, "need an MoE model"
     assert any(c.partition is not None and len(set(c.partition)) > 2 for c in cfgs), "need non-uniform partitions"
+    assert any(c.placement is not None for c in cfgs), "need random stage-to-die maps"
     assert sample_configs(5, SEED) == cfgs[:5], "the generator is deterministic"
 
 
@@ -185,6 +197,20 @@ def test_validate_command_json(capsys):
     assert out["reference_max_rel_err"]["float64"]["finish_times"] <= 1e-9
     assert out["reference_max_rel_err"]["float32"]["kv_peak_bytes_per_stage"] <= 1e-4
     assert "calibration_mape" in out and out["calibration"]["available"] is False
+
+
+def test_calibration_reported_unavailable_without_its_module(monkeypatch):
+    import sys
+
+    from mocap_jax.validation.cli import calibration_check, format_validate
+
+    monkeypatch.setitem(sys.modules, "mocap_jax.validation.calibrate", None)
+    cal = calibration_check()
+    assert cal["available"] is False and "calibrate" in cal["reason"]
+    rep = {"dtype": "float32", "max_rel_err": {m: 0.0 for m in METRICS}, "worst": {}, "feasible_mismatches": 0,
+           "infeasible_configs": 0, "mismatched": []}
+    text = format_validate({"float32": rep, "float64": dict(rep, dtype="float64")}, cal, 3, True)
+    assert "calibration: unavailable" in text and "PASS" in text
 
 
 def test_validate_command_rejects_bad_counts(capsys):

@@ -326,3 +326,21 @@ def test_custom_placement_sets_the_stages():
     r = reference_simulate("llama3.1-8b", "mocap-2x4", 4096, chunks=4, placement=[0, 1, 5, 4])
     assert r.finish_times.shape == (4, 4)
     assert set(r.link_busy_s) == {(0, 1), (1, 5), (5, 4)}
+
+
+def test_reference_is_independent_of_the_array_kernels():
+    import ast
+    import inspect
+
+    from mocap_jax.validation import reference
+
+    tree = ast.parse(inspect.getsource(reference))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "") + ":" + ",".join(a.name for a in node.names))
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    text = " ".join(imported)
+    for kernel in ("pipeline", "schedule", "memory", "api", "simulate", "jax"):
+        assert kernel not in text.replace("simpy", ""), f"reference imports {kernel}: {sorted(imported)}"

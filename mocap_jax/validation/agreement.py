@@ -2,7 +2,7 @@
 
 :func:`sample_configs` draws random configurations (presets incl. MoE models, meshes of
 4 to 32 dies, sequence lengths, random chunk partitions, batches, both schemes, both
-admission modes, both release policies, 1-3 batches);
+admission modes, both release policies, 1-3 batches, snake or random stage-to-die maps);
 :func:`run_reference_agreement` runs every one through :func:`mocap_jax.simulate`
 (vectorised, in float32 or float64) and through
 :func:`~mocap_jax.validation.reference.reference_simulate` and reports the largest
@@ -12,13 +12,13 @@ tests and the sweep tooling.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..specs import get_hardware
 from .reference import ReferenceResult, reference_simulate
 
 #: Models drawn from (dense and MoE presets of different depths and widths).
@@ -49,6 +49,7 @@ class AgreementConfig:
       microbatch: requests per gpipe microbatch.
       release, admission: KV release policy and admission mode.
       num_batches: batches run back to back.
+      placement: die of each stage (a permutation of every die), or None for the snake order.
     """
 
     model: str
@@ -61,6 +62,7 @@ class AgreementConfig:
     release: str
     admission: str
     num_batches: int
+    placement: tuple[int, ...] | None = None
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``simulate`` / ``reference_simulate`` (without model and hardware)."""
@@ -69,12 +71,15 @@ class AgreementConfig:
         if self.partition is not None:
             kw["partition"] = list(self.partition)
             kw["chunks"] = len(self.partition)
+        if self.placement is not None:
+            kw["placement"] = list(self.placement)
         return kw
 
     def describe(self) -> str:
         part = f" partition={list(self.partition)}" if self.partition is not None else f" microbatch={self.microbatch}"
+        place = "" if self.placement is None else f" placement={list(self.placement)}"
         return (f"{self.model} on {self.hardware}: S={self.seq_len} {self.scheme} B={self.batch}{part} "
-                f"release={self.release} admission={self.admission} num_batches={self.num_batches}")
+                f"release={self.release} admission={self.admission} num_batches={self.num_batches}{place}")
 
 
 def random_partition(rng: np.random.Generator, seq_len: int, chunks: int) -> tuple[int, ...]:
@@ -104,11 +109,15 @@ def sample_config(rng: np.random.Generator, model: str | None = None, hardware: 
     else:
         partition = None
         microbatch = int(rng.integers(-(-batch // max_chunks), batch + 1))   # at most max_chunks microbatches
+    release = str(rng.choice(["stage", "request"]))
+    admission = str(rng.choice(["streaming", "synchronous"]))
+    num_batches = int(rng.integers(1, 4))
+    placement = None
+    if rng.random() < 0.2:   # a random stage-to-die map: multi-hop hand-offs, wafer crossings
+        placement = tuple(int(x) for x in rng.permutation(get_hardware(hardware).num_dies))
     return AgreementConfig(model=model, hardware=hardware, seq_len=seq_len, scheme=scheme, batch=batch,
-                           partition=partition, microbatch=microbatch,
-                           release=str(rng.choice(["stage", "request"])),
-                           admission=str(rng.choice(["streaming", "synchronous"])),
-                           num_batches=int(rng.integers(1, 4)))
+                           partition=partition, microbatch=microbatch, release=release, admission=admission,
+                           num_batches=num_batches, placement=placement)
 
 
 def sample_configs(n: int, seed: int = 0, **fixed) -> list[AgreementConfig]:
@@ -123,7 +132,8 @@ def _rel(got, want, floor) -> float:
     if got.shape != want.shape:
         raise ValueError(f"shape mismatch: vectorised {got.shape} vs reference {want.shape}")
     both_inf = np.isinf(got) & np.isinf(want) & (np.sign(got) == np.sign(want))
-    err = np.abs(got - want) / np.maximum(np.abs(want), floor)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(got - want) / np.maximum(np.abs(want), floor)
     err = np.where(both_inf, 0.0, err)
     err = np.where(np.isnan(err), np.inf, err)
     return float(err.max()) if err.size else 0.0

@@ -81,6 +81,7 @@ class CalibrationSize:
     dtype: str                   # "float32" or "bfloat16"
     kv_block: int                # prefix tokens per attention step
     q_block: int                 # query block of the causal in-chunk attention
+    q_rows: int                  # query rows per prefix tile (0: the whole chunk at once)
     rounds: int                  # timed rounds over the whole grid (after one warm-up round)
     min_rounds: int              # rounds kept even when the time budget runs out
     min_sample_s: float          # a timing sample lasts at least this long (back-to-back calls)
@@ -99,14 +100,14 @@ SIZES: dict[str, CalibrationSize] = {
     "small": CalibrationSize(
         name="small",
         model=_llama_like("calib-small", layers=2, hidden=512, ffn=1536, q_heads=8, kv_heads=2, head_dim=64),
-        chunks=(64, 128, 256, 512), prefixes=(0, 512, 1024, 2048, 3072), batches=(1, 2),
-        dtype="float32", kv_block=256, q_block=128,
+        chunks=(32, 64, 128, 256), prefixes=(0, 512, 1024, 2048, 3072), batches=(1, 2),
+        dtype="float32", kv_block=256, q_block=128, q_rows=512,
         rounds=5, min_rounds=3, min_sample_s=0.004, measure_budget_s=25.0),
     "cpu": CalibrationSize(
         name="cpu",
         model=_llama_like("calib-cpu", layers=4, hidden=768, ffn=2048, q_heads=12, kv_heads=4, head_dim=64),
         chunks=(32, 64, 128, 256, 512), prefixes=(0, 1024, 2048, 4096, 6144, 8192), batches=(1, 2, 4),
-        dtype="float32", kv_block=256, q_block=128,
+        dtype="float32", kv_block=256, q_block=128, q_rows=512,
         rounds=7, min_rounds=3, min_sample_s=0.01, measure_budget_s=180.0),
     "gpu": CalibrationSize(
         name="gpu",
@@ -114,7 +115,7 @@ SIZES: dict[str, CalibrationSize] = {
         model=_llama_like("calib-gpu-llama8b-blocks", layers=4, hidden=4096, ffn=14336, q_heads=32, kv_heads=8,
                           head_dim=128),
         chunks=(128, 256, 512, 1024, 2048, 4096), prefixes=(0, 2048, 4096, 8192, 16384, 32768), batches=(1, 2),
-        dtype="bfloat16", kv_block=512, q_block=256,
+        dtype="bfloat16", kv_block=512, q_block=256, q_rows=0,
         rounds=7, min_rounds=3, min_sample_s=0.02, measure_budget_s=240.0, needs_accelerator=True),
 }
 
@@ -162,16 +163,25 @@ def init_weights(model: ModelSpec, dtype, seed: int = 0):
     }
 
 
-def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int):
+def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows: int = 0):
     """A jitted ``f(weights, x, k_cache, v_cache, p) -> (y, (k_new, v_new))``: one chunk through all blocks.
 
-    ``x`` is ``[B, c, hidden]``; the caches are ``[L, B, S_max, kv_heads, head_dim]`` with the first ``p``
-    positions valid (``p`` an int32 scalar, traced: one executable per input shape serves every prefix);
-    ``k_new``/``v_new`` are ``[L, B, c, kv_heads, head_dim]``.
+    ``x`` is ``[B, c, hidden]``; the caches are ``[L, B, kv_heads, S_max, head_dim]`` (head-major, as paged
+    KV caches are) with the first ``p`` positions valid (``p`` an int32 scalar, traced: one executable per
+    input shape serves every prefix length); ``k_new``/``v_new`` are ``[L, B, kv_heads, c, head_dim]``, the
+    chunk's entries for the cache.
+
+    Attention, per KV head, treats the ``c x (q_heads / kv_heads)`` queries of the group as the rows of one
+    matrix (token-major).  The prefix is read in ``kv_block``-token steps of a loop whose trip count is
+    ``ceil(p / kv_block)``, with an online softmax in float32, for row tiles of ``q_rows`` rows (0: all rows
+    at once); the chunk then attends to itself causally in query blocks of ``q_block`` tokens, each reading
+    only the keys up to its own end.
     """
     import jax
     import jax.numpy as jnp
 
+    if q_block <= 0 or kv_block <= 0 or q_rows < 0:
+        raise ValueError("q_block and kv_block must be positive and q_rows >= 0")
     Hq, Hkv, hd = model.q_heads, model.kv_heads, model.head_dim
     g = Hq // Hkv
     f32 = jnp.float32
@@ -190,41 +200,51 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int):
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(dtype)
 
     def update(state, q, kb, vb, mask):
-        m, l, acc = state  # m, l: [B, Hkv, g, q]; acc: [B, q, Hkv, g, hd]
-        s = jnp.einsum("bqhgd,bkhd->bhgqk", q, kb, preferred_element_type=f32)
+        m, l, acc = state  # m, l: [B, Hkv, R]; acc: [B, Hkv, R, hd]; q [B, Hkv, R, hd]; kb, vb [B, Hkv, K, hd]
+        s = jnp.einsum("bhrd,bhkd->bhrk", q, kb, preferred_element_type=f32)
         s = jnp.where(mask, s, neg)
         m_new = jnp.maximum(m, s.max(-1))
         alpha = jnp.exp(m - m_new)
         pr = jnp.exp(s - m_new[..., None])
         l = l * alpha + pr.sum(-1)
-        pv = jnp.einsum("bhgqk,bkhd->bqhgd", pr.astype(dtype), vb, preferred_element_type=f32)
-        acc = acc * jnp.moveaxis(alpha, -1, 1)[..., None] + pv
-        return m_new, l, acc
+        pv = jnp.einsum("bhrk,bhkd->bhrd", pr.astype(dtype), vb, preferred_element_type=f32)
+        return m_new, l, acc * alpha[..., None] + pv
 
     def attention(q, k, v, kc, vc, p):
+        # q [B, c, Hq, hd] -> rows (token, group member) per KV head: [B, Hkv, c*g, hd]
         B, c = q.shape[:2]
-        q = (q * jnp.asarray(hd ** -0.5, dtype)).reshape(B, c, Hkv, g, hd)
-        state = (jnp.full((B, Hkv, g, c), neg, f32), jnp.zeros((B, Hkv, g, c), f32),
-                 jnp.zeros((B, c, Hkv, g, hd), f32))
+        R = c * g
+        q = (q * jnp.asarray(hd ** -0.5, dtype)).reshape(B, c, Hkv, g, hd).transpose(0, 2, 1, 3, 4)
+        q = q.reshape(B, Hkv, R, hd)
         kv_pos = jnp.arange(kv_block, dtype=jnp.int32)
+        n_blocks = ((p + kv_block - 1) // kv_block).astype(jnp.int32)
+        tile = R if q_rows == 0 else max(g, min(R, (q_rows // g) * g))
+        states = []
+        for lo in range(0, R, tile):  # prefix, one row tile at a time
+            qt = q[:, :, lo:lo + tile]
+            r = qt.shape[2]
+            st0 = (jnp.full((B, Hkv, r), neg, f32), jnp.zeros((B, Hkv, r), f32), jnp.zeros((B, Hkv, r, hd), f32))
 
-        def prefix_step(j, st):  # the whole chunk against kv_block cached tokens
-            start = j * kv_block
-            kb = jax.lax.dynamic_slice_in_dim(kc, start, kv_block, 1)
-            vb = jax.lax.dynamic_slice_in_dim(vc, start, kv_block, 1)
-            return update(st, q, kb, vb, (start + kv_pos) < p)
+            def prefix_step(j, st, qt=qt):
+                start = j * kv_block
+                kb = jax.lax.dynamic_slice_in_dim(kc, start, kv_block, 2)
+                vb = jax.lax.dynamic_slice_in_dim(vc, start, kv_block, 2)
+                return update(st, qt, kb, vb, (start + kv_pos) < p)
 
-        n_blocks = (p + kv_block - 1) // kv_block
-        state = jax.lax.fori_loop(jnp.int32(0), n_blocks.astype(jnp.int32), prefix_step, state)
+            states.append(jax.lax.fori_loop(jnp.int32(0), n_blocks, prefix_step, st0))
+        state = tuple(jnp.concatenate(parts, 2) for parts in zip(*states))
         qb = min(q_block, c)
         outs = []
-        for i in range(c // qb):  # the chunk against itself, causal, skipping masked key blocks
-            lo, hi = i * qb, (i + 1) * qb
-            st = (state[0][..., lo:hi], state[1][..., lo:hi], state[2][:, lo:hi])
-            mask = jnp.arange(hi, dtype=jnp.int32)[None, :] <= (lo + jnp.arange(qb, dtype=jnp.int32))[:, None]
-            _, l, acc = update(st, q[:, lo:hi], k[:, :hi], v[:, :hi], mask)
-            outs.append(acc / jnp.moveaxis(l, -1, 1)[..., None])
-        return jnp.concatenate(outs, 1).reshape(B, c, Hq * hd).astype(dtype)
+        for i in range(-(-c // qb)):  # the chunk against itself, causal, each block up to its own end
+            lo, hi = i * qb, min((i + 1) * qb, c)
+            rows = slice(lo * g, hi * g)
+            st = (state[0][:, :, rows], state[1][:, :, rows], state[2][:, :, rows])
+            tok = lo + jnp.arange((hi - lo) * g, dtype=jnp.int32) // g
+            mask = jnp.arange(hi, dtype=jnp.int32)[None, :] <= tok[:, None]
+            _, l, acc = update(st, q[:, :, rows], k[:, :, :hi], v[:, :, :hi], mask)
+            outs.append(acc / l[..., None])
+        o = jnp.concatenate(outs, 2).reshape(B, Hkv, c, g, hd).transpose(0, 2, 1, 3, 4)
+        return o.reshape(B, c, Hq * hd).astype(dtype)
 
     def block(x, w, kc, vc, p):
         B, c, _ = x.shape
@@ -232,8 +252,8 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int):
         q, k, v = jnp.split(h @ w["wqkv"], [Hq * hd, (Hq + Hkv) * hd], -1)
         pos = p + jnp.arange(c, dtype=jnp.int32)
         q = rope(q.reshape(B, c, Hq, hd), pos)
-        k = rope(k.reshape(B, c, Hkv, hd), pos)
-        v = v.reshape(B, c, Hkv, hd)
+        k = rope(k.reshape(B, c, Hkv, hd), pos).transpose(0, 2, 1, 3)  # [B, Hkv, c, hd]
+        v = v.reshape(B, c, Hkv, hd).transpose(0, 2, 1, 3)
         x = x + attention(q, k, v, kc, vc, p) @ w["wo"]
         h = rmsnorm(x, w["ln2"])
         a, b = jnp.split(h @ w["w13"], 2, -1)
@@ -243,46 +263,58 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int):
     def chunk(weights, x, k_cache, v_cache, p):
         return jax.lax.scan(lambda x, xs: block(x, xs[0], xs[1], xs[2], p), x, (weights, k_cache, v_cache))
 
-    if q_block <= 0 or kv_block <= 0:
-        raise ValueError("q_block and kv_block must be positive")
     return jax.jit(chunk)
 
 
-# --------------------------------------------------------------------------- device peaks
+# --------------------------------------------------------------------------- clocks and device peaks
+
+# XLA:CPU flags of the isolated measurement process: one thread for everything.
+SINGLE_THREAD_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
 
 
-def _best_time(fn, args, repeats: int) -> float:
+def _clock(kind: str):
+    """``"cpu"``: CPU time of this process (all threads); ``"wall"``: elapsed time."""
+    if kind == "cpu":
+        return time.process_time
+    if kind == "wall":
+        return time.perf_counter
+    raise ValueError(f"clock must be 'cpu' or 'wall', got {kind!r}")
+
+
+def _best_time(fn, args, repeats: int, clock) -> float:
     import jax
 
     jax.block_until_ready(fn(*args))
     best = math.inf
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
+        best = min(best, clock() - t0)
+    return max(best, 1e-9)
 
 
-def measure_device_peaks(dtype, accelerator: bool) -> dict[str, float]:
+def measure_device_peaks(dtype, accelerator: bool, clock: str = "wall") -> dict[str, float]:
     """Best-of-several big matmul (FLOP/s) and streaming read (bytes/s, a reduction) at ``dtype``."""
     import jax
     import jax.numpy as jnp
 
+    clk = _clock(clock)
     n = 8192 if accelerator else 2048
     a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
     mm = jax.jit(lambda x, y: x @ y)
-    t_mm = _best_time(mm, (a, a), 10 if accelerator else 5)
+    t_mm = _best_time(mm, (a, a), 10 if accelerator else 5, clk)
     nbytes = (2 << 30) if accelerator else (256 << 20)
     itemsize = jnp.dtype(dtype).itemsize
     x = jnp.ones((nbytes // itemsize // 1024, 1024), dtype)
     rd = jax.jit(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32))
-    t_rd = _best_time(rd, (x,), 10 if accelerator else 5)
+    t_rd = _best_time(rd, (x,), 10 if accelerator else 5, clk)
     del a, x
     return {"matmul_flops": 2.0 * n ** 3 / t_mm, "matmul_n": n, "read_bandwidth": nbytes / t_rd,
             "read_bytes": nbytes}
 
 
-def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measured: dict) -> tuple[HardwareSpec, str]:
+def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measured: dict,
+                     threads: str = "") -> tuple[HardwareSpec, str]:
     """HardwareSpec of the local device (one die, no links) and a sentence saying where its numbers come from."""
     kind = device_kind.lower()
     peak, bw, source = measured["matmul_flops"], measured["read_bandwidth"], None
@@ -292,9 +324,9 @@ def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measur
                 peak, bw, source = p_, b_, f"vendor nominal ({desc})"
                 break
     if source is None:
-        source = (f"measured at start-up: best {measured['matmul_n']}^3 matmul "
-                  f"{measured['matmul_flops'] / 1e9:.1f} GFLOP/s, best streaming reduction over "
-                  f"{measured['read_bytes'] >> 20} MiB {measured['read_bandwidth'] / 1e9:.1f} GB/s")
+        source = (f"measured at start-up{' (' + threads + ')' if threads else ''}: best "
+                  f"{measured['matmul_n']}^3 matmul {measured['matmul_flops'] / 1e9:.1f} GFLOP/s, best streaming "
+                  f"reduction over {measured['read_bytes'] >> 20} MiB {measured['read_bandwidth'] / 1e9:.1f} GB/s")
     hw = HardwareSpec(name=f"local-{platform}", rows=1, cols=1, topology="switch", peak_flops=float(peak),
                       hbm_capacity=80e9, hbm_bandwidth=float(bw), eff_gemm=1.0, eff_attention=1.0, eff_hbm=1.0,
                       weight_bytes=float(dtype_bytes), kv_bytes=float(dtype_bytes),
@@ -441,49 +473,72 @@ def split_cells(n: int, test_fraction: float, seed: int) -> np.ndarray:
 # --------------------------------------------------------------------------- measurement
 
 
-def _measure_grid(cfg: CalibrationSize, dtype, seed: int, log=None) -> dict[str, Any]:
+def _measure(cfg: CalibrationSize, seed: int, clock: str, threads: str, log=None) -> dict[str, Any]:
+    """Compile, warm up and time every grid cell on JAX's default device; JSON-able result."""
+    import concurrent.futures
+    import os
+
     import jax
     import jax.numpy as jnp
+
+    clk = _clock(clock)
+    device = jax.devices()[0]
+    accelerator = device.platform != "cpu"
+    dtype = jnp.dtype(cfg.dtype)
+    peaks = measure_device_peaks(dtype, accelerator, clock)
+    if log:
+        log(f"device {device.device_kind} ({device.platform}, {threads}); best matmul "
+            f"{peaks['matmul_flops'] / 1e9:.1f} GFLOP/s, streaming read {peaks['read_bandwidth'] / 1e9:.1f} GB/s")
 
     model = cfg.model
     L, Hkv, hd = model.layers, model.kv_heads, model.head_dim
     weights = init_weights(model, dtype, seed)
-    fn = build_chunk_fn(model, dtype, cfg.kv_block, cfg.q_block)
-    s_max = max(cfg.prefixes)
-    s_max = max(cfg.kv_block, -(-s_max // cfg.kv_block) * cfg.kv_block)
+    fn = build_chunk_fn(model, dtype, cfg.kv_block, cfg.q_block, cfg.q_rows)
+    s_max = max(cfg.kv_block, -(-max(cfg.prefixes) // cfg.kv_block) * cfg.kv_block)
     key = jax.random.key(seed + 1)
-    caches, inputs, compile_s = {}, {}, {}
-    cells = [(c, p, b) for b in cfg.batches for c in cfg.chunks for p in cfg.prefixes]
-    p_dev = {p: jnp.asarray(p, jnp.int32) for p in cfg.prefixes}
+    caches, inputs = {}, {}
     for b in cfg.batches:
         k1, k2, key = jax.random.split(key, 3)
-        shape = (L, b, s_max, Hkv, hd)
+        shape = (L, b, Hkv, s_max, hd)
         caches[b] = (jax.random.normal(k1, shape, jnp.float32).astype(dtype),
                      jax.random.normal(k2, shape, jnp.float32).astype(dtype))
         for c in cfg.chunks:
             key, k3 = jax.random.split(key)
             inputs[(b, c)] = jax.random.normal(k3, (b, c, model.hidden), jnp.float32).astype(dtype)
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(weights, inputs[(b, c)], *caches[b], p_dev[cfg.prefixes[0]]))
-            compile_s[(b, c)] = time.perf_counter() - t0
+    p_dev = {p: jnp.asarray(p, jnp.int32) for p in cfg.prefixes}
+
+    # Compile one executable per (B, c) (p is a runtime argument), a few at a time.
+    t0 = time.perf_counter()
+
+    def compile_one(bc):
+        b, c = bc
+        return bc, fn.lower(weights, inputs[bc], *caches[b], p_dev[cfg.prefixes[0]]).compile()
+
+    workers = 1 if accelerator else max(1, min(len(inputs), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        compiled = dict(pool.map(compile_one, list(inputs)))
+    compile_s = time.perf_counter() - t0
     if log:
-        log(f"compiled {len(compile_s)} executables in {sum(compile_s.values()):.1f} s")
+        log(f"compiled {len(compiled)} executables in {compile_s:.1f} s")
+
+    cells = [(c, p, b) for b in cfg.batches for c in cfg.chunks for p in cfg.prefixes]
 
     def call(cell):
         c, p, b = cell
-        return fn(weights, inputs[(b, c)], *caches[b], p_dev[p])
+        return compiled[(b, c)](weights, inputs[(b, c)], *caches[b], p_dev[p])
 
-    # warm-up round: one call per cell (first touch of its prefix), then size the samples
+    # Warm-up: untimed calls per cell, then size the samples (n back-to-back synchronous calls each).
     n_inner = {}
     for cell in cells:
         jax.block_until_ready(call(cell))
-        t0 = time.perf_counter()
+        t_a = clk()
         jax.block_until_ready(call(cell))
-        dt = time.perf_counter() - t0
+        dt = clk() - t_a
         n_inner[cell] = int(min(max(math.ceil(cfg.min_sample_s / max(dt, 1e-7)), 1), 200))
 
     rng = np.random.default_rng(seed + 12345)
     samples = {cell: [] for cell in cells}
+    walls = {cell: [] for cell in cells}
     t_start = time.perf_counter()
     gc.collect()
     gc_was = gc.isenabled()
@@ -493,10 +548,12 @@ def _measure_grid(cfg: CalibrationSize, dtype, seed: int, log=None) -> dict[str,
             for i in rng.permutation(len(cells)):
                 cell = cells[i]
                 n = n_inner[cell]
-                t0 = time.perf_counter()
+                w0, c0 = time.perf_counter(), clk()
                 for _ in range(n):
                     jax.block_until_ready(call(cell))
-                samples[cell].append((time.perf_counter() - t0) / n)
+                c1, w1 = clk(), time.perf_counter()
+                samples[cell].append((c1 - c0) / n)
+                walls[cell].append((w1 - w0) / n)
             elapsed = time.perf_counter() - t_start
             if log:
                 log(f"round {r + 1}/{cfg.rounds} done ({elapsed:.1f} s)")
@@ -506,16 +563,103 @@ def _measure_grid(cfg: CalibrationSize, dtype, seed: int, log=None) -> dict[str,
         if gc_was:
             gc.enable()
     measure_s = time.perf_counter() - t_start
-    arr = lambda i: np.array([cell[i] for cell in cells], np.float64)
-    med = np.array([np.median(samples[cell]) for cell in cells])
-    q75 = np.array([np.percentile(samples[cell], 75) for cell in cells])
-    q25 = np.array([np.percentile(samples[cell], 25) for cell in cells])
+    med = [float(np.median(samples[cell])) for cell in cells]
+    iqr = [float((np.percentile(samples[cell], 75) - np.percentile(samples[cell], 25)) / np.median(samples[cell]))
+           for cell in cells]
+    all_s = np.concatenate([samples[cell] for cell in cells])
+    all_w = np.concatenate([walls[cell] for cell in cells])
     return {
-        "c": arr(0), "p": arr(1), "b": arr(2), "t": med, "t_min": np.array([min(samples[cell]) for cell in cells]),
-        "spread": (q75 - q25) / med, "samples": [samples[cell] for cell in cells],
-        "n_inner": [n_inner[cell] for cell in cells], "rounds": len(next(iter(samples.values()))),
-        "compile_s": float(sum(compile_s.values())), "measure_s": float(measure_s), "kv_cache_tokens": s_max,
+        "device_kind": device.device_kind, "platform": device.platform, "jax_version": jax.__version__,
+        "local_devices": jax.local_device_count(), "threads": threads, "clock": clock, "dtype": str(dtype),
+        "peaks": peaks,
+        "c": [cell[0] for cell in cells], "p": [cell[1] for cell in cells], "b": [cell[2] for cell in cells],
+        "t": med, "t_min": [float(min(samples[cell])) for cell in cells],
+        "t_wall": [float(np.median(walls[cell])) for cell in cells], "spread": iqr,
+        "n_inner": [n_inner[cell] for cell in cells], "rounds": len(samples[cells[0]]),
+        "clock_to_wall": float(np.median(all_s / all_w)),
+        "compile_s": compile_s, "measure_s": measure_s, "kv_cache_tokens": s_max,
     }
+
+
+def _cfg_to_json(cfg: CalibrationSize) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["model"] = cfg.model.to_dict()
+    return d
+
+
+def _cfg_from_json(d: dict) -> CalibrationSize:
+    d = dict(d)
+    d["model"] = ModelSpec(**d["model"])
+    for k in ("chunks", "prefixes", "batches"):
+        d[k] = tuple(int(v) for v in d[k])
+    return CalibrationSize(**d)
+
+
+def _child_xla_flags() -> str:
+    import os
+
+    keep = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith(("--xla_force_host_platform_device_count", "--xla_cpu_multi_thread_eigen",
+                                 "intra_op_parallelism_threads"))]
+    return " ".join(keep + list(SINGLE_THREAD_XLA_FLAGS))
+
+
+def _measure_isolated(cfg: CalibrationSize, seed: int, log=None) -> dict[str, Any]:
+    """Run :func:`_measure` in a fresh single-threaded XLA:CPU process timed by its CPU clock."""
+    import collections
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mocap-calibrate-") as tmp:
+        out = Path(tmp) / "measurement.json"
+        env = dict(os.environ)
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = _child_xla_flags()
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = "1"
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        payload = {"cfg": _cfg_to_json(cfg), "seed": seed, "clock": "cpu", "out": str(out),
+                   "threads": "XLA:CPU single-threaded, isolated process"}
+        proc = subprocess.Popen([sys.executable, "-m", __name__, "--worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+        tail = collections.deque(maxlen=30)
+        try:
+            proc.stdin.write(json.dumps(payload))
+            proc.stdin.close()
+            for line in proc.stderr:
+                if line.startswith(_WORKER_TAG):
+                    if log:
+                        log(line[len(_WORKER_TAG):].rstrip())
+                else:
+                    tail.append(line)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if rc != 0 or not out.exists():
+            raise RuntimeError(f"calibration measurement process failed (exit {rc}):\n{''.join(tail)}")
+        return json.loads(out.read_text())
+
+
+_WORKER_TAG = "[calibrate] "
+
+
+def _worker_main() -> int:
+    import sys
+
+    payload = json.loads(sys.stdin.read())
+    cfg = _cfg_from_json(payload["cfg"])
+
+    def log(msg):
+        print(_WORKER_TAG + msg, file=sys.stderr, flush=True)
+
+    res = _measure(cfg, int(payload["seed"]), payload["clock"], payload["threads"], log)
+    Path(payload["out"]).write_text(json.dumps(res))
+    return 0
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -538,50 +682,63 @@ def _jsonable(x):
 
 
 def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_path=None, *,
-                    test_fraction: float | None = None, log=None) -> dict:
+                    test_fraction: float | None = None, isolate: bool | None = None, log=None) -> dict:
     """Measure chunked prefill on the local device, fit the §4 cost model, score it on held-out cells.
 
     Args:
       size: ``"small"`` (the test grid: under a minute on a 2-core CPU, compile included),
         ``"cpu"`` (a fuller CPU grid, a few minutes) or ``"gpu"`` (Llama-8B-sized blocks in bf16,
-        c up to 4096, p up to 32K; refuses to run without an accelerator).
+        c up to 4096, p up to 32K; refuses to run without an accelerator).  A
+        :class:`CalibrationSize` is accepted too.
       seed: seeds the weights, the caches, the round order and the train/test split.
       json_path, figure_path: where to write the JSON report and the predicted-vs-measured plot
         (nothing is written for ``None``).
       test_fraction: share of grid cells held out (default 0.4).
+      isolate: on a CPU backend (the default there), measure in a fresh process whose XLA:CPU runs
+        single-threaded, timed by that process's CPU clock: latency on one dedicated core, which other
+        processes sharing the machine barely disturb.  ``False`` measures in this process, with its XLA
+        threading, by wall clock (always the case on a GPU/TPU).
       log: optional ``callable(str)`` for progress lines.
 
     Returns a JSON-able dict with at least ``calibration_mape`` (held-out MAPE of the cost model, %),
     ``baseline_linear_mape``, ``fitted``, ``points``, ``device``, ``grid``, ``wall_s``, and the per-cell
     ``records`` (c, p, B, measured and predicted seconds, split).
+
+    Raises:
+      ValueError: unknown size, bad seed or test fraction, or the gpu size without an accelerator.
     """
     cfg = _check_size(size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     if test_fraction is not None:
+        if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)):
+            raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
         cfg = dataclasses.replace(cfg, test_fraction=float(test_fraction))
     n_cells = len(cfg.chunks) * len(cfg.prefixes) * len(cfg.batches)
-    split_cells(n_cells, cfg.test_fraction, seed)  # validates test_fraction before anything runs
+    split_cells(n_cells, cfg.test_fraction, seed)  # validates the split before anything runs
     t_wall = time.perf_counter()
 
     import jax
-    import jax.numpy as jnp
 
-    device = jax.devices()[0]
-    platform = device.platform
-    if cfg.needs_accelerator and platform == "cpu":
+    backend = jax.default_backend()
+    if cfg.needs_accelerator and backend == "cpu":
         raise ValueError(f"calibration size {cfg.name!r} needs a GPU/TPU (JAX's default backend here is cpu); "
                          f"use --size cpu or --size small on a CPU")
-    dtype = jnp.dtype(cfg.dtype)
-    measured_peaks = measure_device_peaks(dtype, accelerator=platform != "cpu")
-    hw, hw_source = nominal_hardware(device.device_kind, platform, dtype.itemsize, measured_peaks)
-    if log:
-        log(f"device {device.device_kind} ({platform}); nominal peak {hw.peak_flops / 1e9:.1f} GFLOP/s, "
-            f"bandwidth {hw.hbm_bandwidth / 1e9:.1f} GB/s ({hw_source})")
+    if isolate is None:
+        isolate = backend == "cpu"
+    if isolate and backend != "cpu":
+        raise ValueError("isolate=True measures a single-threaded CPU process; it is only for a CPU backend")
+    if isolate:
+        meas = _measure_isolated(cfg, seed, log)
+    else:
+        threads = "XLA default threading, this process" if backend == "cpu" else "accelerator"
+        meas = _measure(cfg, seed, "wall", threads, log)
 
-    meas = _measure_grid(cfg, dtype, seed, log)
-    c, p, b, t = meas["c"], meas["p"], meas["b"], meas["t"]
+    dtype_bytes = float(np.dtype(jax.numpy.dtype(cfg.dtype)).itemsize)
+    hw, hw_source = nominal_hardware(meas["device_kind"], meas["platform"], dtype_bytes, meas["peaks"],
+                                     meas["threads"])
+    c, p, b, t = (np.asarray(meas[k], np.float64) for k in ("c", "p", "b", "t"))
     is_test = split_cells(len(t), cfg.test_fraction, seed)
     tr = ~is_test
 
@@ -596,9 +753,11 @@ def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_pat
 
     records = [{"c": int(c[i]), "p": int(p[i]), "batch": int(b[i]), "split": "test" if is_test[i] else "train",
                 "measured_s": float(t[i]), "measured_min_s": float(meas["t_min"][i]),
-                "spread_iqr_rel": float(meas["spread"][i]), "calls_per_sample": int(meas["n_inner"][i]),
-                "predicted_s": float(pred[i]), "baseline_linear_s": float(base[i]),
-                "error_pct": float(100 * rel[i])} for i in range(len(t))]
+                "measured_wall_s": float(meas["t_wall"][i]), "spread_iqr_rel": float(meas["spread"][i]),
+                "calls_per_sample": int(meas["n_inner"][i]), "predicted_s": float(pred[i]),
+                "baseline_linear_s": float(base[i]), "error_pct": float(100 * rel[i])} for i in range(len(t))]
+    clock_desc = ("process CPU time (single-threaded process: the latency on a dedicated core)"
+                  if meas["clock"] == "cpu" else "wall clock")
     report = {
         "calibration_mape": mape(pred[is_test], t[is_test]),
         "train_mape": mape(pred[tr], t[tr]),
@@ -618,24 +777,27 @@ def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_pat
         "points": {"train": int(tr.sum()), "test": int(is_test.sum()), "total": int(len(t)),
                    "split": f"seeded random {1 - cfg.test_fraction:.0%}/{cfg.test_fraction:.0%} of grid cells "
                             f"(seed {seed})"},
-        "device": device.device_kind,
-        "device_info": {"platform": platform, "device_kind": device.device_kind, "local_devices": jax.local_device_count(),
-                        "jax_version": jax.__version__},
+        "device": meas["device_kind"],
+        "device_info": {"platform": meas["platform"], "device_kind": meas["device_kind"],
+                        "local_devices": meas["local_devices"], "jax_version": meas["jax_version"],
+                        "execution": meas["threads"]},
         "size": cfg.name,
         "seed": seed,
-        "dtype": str(dtype),
+        "dtype": meas["dtype"],
         "grid": {"chunk_sizes": list(cfg.chunks), "prefix_lengths": list(cfg.prefixes),
                  "batch_sizes": list(cfg.batches), "cells": int(len(t))},
         "model": cfg.model.to_dict(),
         "hardware_nominal": hw.to_dict(),
         "hardware_fitted": hw_fit.to_dict(),
         "nominal_source": hw_source,
-        "device_peaks_measured": measured_peaks,
-        "measurement": {"rounds": meas["rounds"], "warmup": "one untimed call per cell after compile",
-                        "statistic": "median over rounds of the mean of back-to-back synchronous calls",
+        "device_peaks_measured": meas["peaks"],
+        "measurement": {"clock": meas["clock"], "clock_description": clock_desc, "rounds": meas["rounds"],
+                        "warmup": "two untimed calls per cell after compile",
+                        "statistic": "median over interleaved rounds of the mean of back-to-back synchronous calls",
                         "min_sample_s": cfg.min_sample_s, "kv_block": cfg.kv_block, "q_block": cfg.q_block,
                         "kv_cache_tokens": meas["kv_cache_tokens"],
                         "median_spread_iqr_rel": float(np.median(meas["spread"])),
+                        "clock_to_wall": meas["clock_to_wall"],
                         "compile_s": meas["compile_s"], "measure_s": meas["measure_s"]},
         "predicted": "layers x mocap_jax.costs.dense_layer_time(ModelParams, HardwareParams, c, p, B, xp=numpy) "
                      "(float64); no embedding / LM head / hand-off",
@@ -711,3 +873,11 @@ __all__ = [
     "predict_linear_baseline", "predict_chunk_times", "roofline_terms", "mape", "split_cells", "nominal_hardware",
     "measure_device_peaks", "build_chunk_fn", "init_weights", "with_fitted",
 ]
+
+
+if __name__ == "__main__":  # the isolated measurement process (see _measure_isolated)
+    import sys
+
+    if sys.argv[1:] != ["--worker"]:
+        sys.exit("usage: python -m mocap_jax.validation.calibrate --worker  (internal; use `mocap-jax calibrate`)")
+    sys.exit(_worker_main())

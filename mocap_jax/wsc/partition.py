@@ -103,7 +103,7 @@ def workload_moments(wl: WorkloadParams, chunk_tokens):
 
 
 def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl: WorkloadParams,
-                     targets: ServingTargets, max_batch: int = 256) -> dict[str, Array]:
+                     targets: ServingTargets, max_batch: int = 512) -> dict[str, Array]:
     """Goodput of one instance as a prefill instance and as a decode instance.
 
     Pure function of traced inputs; ``max_batch`` (the decode batch grid size) is
@@ -112,6 +112,7 @@ def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl:
     Returns (scalars, per instance):
       prefill_fits, prefill_rps, prefill_rps_per_die, prefill_iter_s, ttft_s,
       decode_fits, decode_rps, decode_rps_per_die, decode_batch, tpot_s,
+      decode_batch_slo (largest batch within the TPOT SLO, memory ignored),
       weight_bytes_per_die, kv_tokens_capacity (decode, per instance).
     """
     mo = workload_moments(wl, targets.chunk_tokens)
@@ -145,6 +146,7 @@ def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl:
         "decode_rps": decode_rps,
         "decode_rps_per_die": decode_rps / plan.dies,
         "decode_batch": jnp.where(any_ok, b[best], 0.0),
+        "decode_batch_slo": jnp.max(jnp.where(t_dec <= targets.tpot_slo_s, b, 0.0)),
         "tpot_s": jnp.where(any_ok, t_dec[best], jnp.inf),
         "weight_bytes_per_die": weights,
         "kv_tokens_capacity": cap,
@@ -193,6 +195,7 @@ class Candidate:
     decode_rps_per_die: float
     decode_batch: int
     tpot_s: float
+    decode_batch_slo: int
     weight_gb_per_die: float
     kv_tokens_capacity: float
 
@@ -279,7 +282,7 @@ def size_counts(wafer: WaferSpec, prefill: tuple[int, int], prefill_rps: float, 
 
 
 def evaluate_candidates(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, targets: ServingTargets,
-                        strategies: Sequence[str] = perf.STRATEGIES, max_batch: int = 256,
+                        strategies: Sequence[str] = perf.STRATEGIES, max_batch: int = 512,
                         shapes: Sequence[tuple[int, int]] | None = None, dtype=jnp.float32) -> list[Candidate]:
     """Evaluate every (shape, strategy) candidate in one vmapped call."""
     shapes = instance_shapes(wafer) if shapes is None else list(shapes)
@@ -295,6 +298,7 @@ def evaluate_candidates(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSp
                   decode_fits=bool(out["decode_fits"][i]), decode_rps=float(out["decode_rps"][i]),
                   decode_rps_per_die=float(out["decode_rps_per_die"][i]),
                   decode_batch=int(out["decode_batch"][i]), tpot_s=float(out["tpot_s"][i]),
+                  decode_batch_slo=int(out["decode_batch_slo"][i]),
                   weight_gb_per_die=float(out["weight_bytes_per_die"][i]) / 1e9,
                   kv_tokens_capacity=float(out["kv_tokens_capacity"][i]))
         for i, c in enumerate(configs)
@@ -313,7 +317,7 @@ def validate_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
 
 def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str | WorkloadSpec" = "azure-conv",
               rate: float | None = None, strategies: Sequence[str] = perf.STRATEGIES, chunk_tokens: int = 2048,
-              tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, max_batch: int = 256,
+              tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, max_batch: int = 512,
               max_instance_dies: int | None = None, dtype=jnp.float32) -> PartitionResult:
     """Choose prefill/decode instance shapes, TP strategies and counts for a workload.
 

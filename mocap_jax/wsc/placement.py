@@ -21,7 +21,11 @@ Placements:
   (depth-first with backtracking, then an exact packing if that fails).
 * :func:`random_placement` -- uniformly random free positions (with restarts).
 * :func:`anneal_placement` -- simulated annealing, many chains as one vmapped JAX
-  program (moves: relocate, shift by one, swap two instances; rotation on a mesh).
+  program.  Moves: relocate one instance (random position and orientation), shift
+  one by a die, and *region swap* -- move an instance onto a same-shaped rectangle
+  and the instances wholly inside that rectangle into its old place (this keeps a
+  fully packed wafer valid, e.g. a 1x2 decode instance trades places with two 1x1
+  prefill instances).
 * :func:`exhaustive_placement` -- every layout of a small mesh (the true optimum).
 
 :func:`pack_instances` is the exact rectangle packer the partition uses for counts.
@@ -443,19 +447,26 @@ def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_sha
     prefill_shape, decode_shape = tuple(prefill_shape), tuple(decode_shape)
     _check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
     rng = np.random.default_rng(rng)
-    items = [("decode", decode_shape)] * n_decode + [("prefill", prefill_shape)] * n_prefill
-    pos = {k: _positions(wafer, s) for k, s in (("decode", decode_shape), ("prefill", prefill_shape))}
+    kinds = ["decode"] * n_decode + ["prefill"] * n_prefill
+    pos, cover = {}, {}
+    for kind, shape in (("decode", decode_shape), ("prefill", prefill_shape)):
+        pos[kind] = _positions(wafer, shape)
+        m = np.zeros((len(pos[kind]), wafer.num_dies), np.int32)  # [positions, dies] cells each position covers
+        for k, (r, c, h, w) in enumerate(pos[kind]):
+            for rr in range(r, r + h):
+                m[k, rr * wafer.cols + c: rr * wafer.cols + c + w] = 1
+        cover[kind] = m
     for _ in range(restarts):
-        occ = np.zeros((wafer.rows, wafer.cols), bool)
+        occ = np.zeros(wafer.num_dies, np.int32)
         out = []
-        for kind, _s in [items[i] for i in rng.permutation(len(items))]:
-            cand = [p for p in pos[kind] if not occ[p[0]:p[0] + p[2], p[1]:p[1] + p[3]].any()]
-            if not cand:
+        for kind in [kinds[i] for i in rng.permutation(len(kinds))]:
+            cand = np.flatnonzero(cover[kind] @ occ == 0)
+            if cand.size == 0:
                 break
-            r, c, h, w = cand[rng.integers(len(cand))]
-            occ[r:r + h, c:c + w] = True
-            out.append(Instance(kind, r, c, h, w))
-        if len(out) == len(items):
+            k = int(cand[rng.integers(cand.size)])
+            occ += cover[kind][k]
+            out.append(Instance(kind, *pos[kind][k]))
+        if len(out) == len(kinds):
             return Layout(wafer.rows, wafer.cols, tuple(sorted(out, key=lambda i: KINDS.index(i.kind), reverse=True)))
     raise SpecError(f"no random layout of these instances found on {wafer.name} in {restarts} tries")
 
@@ -465,7 +476,7 @@ def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_sha
 
 @partial(jax.jit, static_argnames=("rows", "cols", "steps", "rotate"))
 def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, rows, cols, steps, rotate):
-    """Annealing chains (``pos0`` ``[C, N, 3]``: row, col, rotated) -> best positions and costs per chain."""
+    """Annealing chains (``pos0`` ``[C, N, 3]``: row, col, rotated; ``alpha`` ``[C]``) -> best positions, costs."""
     n = base_h.shape[0]
     rr = jnp.arange(rows)[:, None]
     cc = jnp.arange(cols)[None, :]
@@ -482,7 +493,7 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
              & (cc[None] >= c[:, None, None]) & (cc[None] < (c + w)[:, None, None]))
         return inb & (jnp.max(jnp.sum(m, axis=0)) <= 1)
 
-    def cost(pos):
+    def cost_at(pos, alpha):
         h, w = dims(pos)
         die = jnp.clip(pos[:, 0] + (h - 1) // 2, 0, rows - 1) * cols + jnp.clip(pos[:, 1] + (w - 1) // 2, 0, cols - 1)
         dist = hops[die][:, die]                                  # [N, N]
@@ -492,7 +503,8 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
         use = jnp.sum(jnp.where(is_pre[:, None], routes, 0.0), axis=0)
         return jnp.sum(jnp.where(use > 0, use * alpha ** jnp.maximum(use - 1, 0), 0.0))
 
-    def chain(p0, k):
+    def chain(p0, k, alpha):
+        cost = partial(cost_at, alpha=alpha)
         c0 = cost(p0)
 
         def step(carry, inp):
@@ -509,7 +521,16 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
             pi, pj = pos[i], pos[j]
             relocated = pos.at[i].set(rel)
             shifted = pos.at[i].add(shift)
-            swapped = pos.at[i, :2].set(pj[:2]).at[j, :2].set(pi[:2])
+            # region swap: instance i moves to a target rectangle T of its own (oriented) shape,
+            # and every instance lying wholly inside T moves by the opposite offset into i's old place.
+            h, w = dims(pos)
+            use_j = jax.random.bernoulli(jax.random.fold_in(k, 2))
+            tr = jnp.where(use_j, pj[0], rel[0])
+            tc = jnp.where(use_j, pj[1], rel[1])
+            inside = ((pos[:, 0] >= tr) & (pos[:, 0] + h <= tr + h[i]) & (pos[:, 1] >= tc)
+                      & (pos[:, 1] + w <= tc + w[i]) & (jnp.arange(n) != i))
+            offset = jnp.stack([pi[0] - tr, pi[1] - tc, 0])
+            swapped = jnp.where(inside[:, None], pos + offset, pos).at[i, :2].set(jnp.stack([tr, tc]))
             prop = jnp.where(move == 0, relocated, jnp.where(move == 1, shifted, swapped))
             ok = valid(prop)
             cp = jnp.where(ok, cost(prop), jnp.inf)
@@ -524,7 +545,7 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
         (pos, c, best_pos, best_c), _ = jax.lax.scan(step, (p0, c0, p0, c0), (keys, temps))
         return best_pos, best_c
 
-    return jax.vmap(chain)(pos0, jax.random.split(key, pos0.shape[0]))
+    return jax.vmap(chain)(pos0, jax.random.split(key, pos0.shape[0]), alpha)
 
 
 @dataclass
@@ -535,63 +556,94 @@ class AnnealResult:
     runtime_s: float
 
 
-def anneal_placement(wafer: WaferSpec, layout0: Layout, alpha: float = 1.0, chains: int = 32, steps: int = 2000,
-                     seed: int = 0, t_start: float = 2.0, t_end: float = 0.01) -> AnnealResult:
-    """Simulated annealing of TransferCost from ``layout0`` and random layouts (vmapped chains).
+def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequence[float], chains: int = 32,
+                      steps: int = 2000, seed: int = 0, t_start: float = 2.0,
+                      t_end: float = 0.01) -> list[AnnealResult]:
+    """Simulated annealing of TransferCost for several alphas as one vmapped program.
 
-    Chain 0 starts from ``layout0``, the others from random layouts (or ``layout0``
-    when none can be drawn).  Temperature cools geometrically from ``t_start`` to
-    ``t_end`` (hop units).  A fixed seed gives the same answer.
+    For each ``alphas[k]``, ``chains`` chains run: one from ``starts[k]``, the others from
+    random layouts (shared by all alphas; ``starts[k]`` when none can be drawn).
+    Temperature cools geometrically from ``t_start`` to ``t_end`` (hop units).  A fixed
+    seed gives the same answer.
+
+    Returns:
+      one :class:`AnnealResult` per alpha (its best chain; never worse than its start).
     """
     _check_mesh(wafer)
-    _check_alpha(alpha)
+    if len(starts) != len(alphas) or not alphas:
+        raise SpecError("give one start layout per alpha (and at least one alpha)")
+    for a in alphas:
+        _check_alpha(a)
     for name, v in (("chains", chains), ("steps", steps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise SpecError(f"{name} must be a positive integer, got {v!r}")
     if not (t_start > 0 and t_end > 0):
         raise SpecError("annealing temperatures must be positive")
     t0 = time.perf_counter()
-    insts = list(layout0.instances)
+    insts = list(starts[0].instances)
     pre = [i for i in insts if i.kind == "prefill"]
     dec = [i for i in insts if i.kind == "decode"]
     if not pre or not dec:
-        return AnnealResult(layout0, 0.0, [0.0], 0.0)
+        return [AnnealResult(l, 0.0, [0.0], 0.0) for l in starts]
     base_h = np.asarray([i.rows for i in insts])
     base_w = np.asarray([i.cols for i in insts])
     is_pre = np.asarray([i.kind == "prefill" for i in insts])
+    sig = lambda i: (i.kind, frozenset([(i.rows, i.cols), (i.cols, i.rows)]))
 
     def encode(layout: Layout):
         # match instances of the same kind and shape (up to rotation) to the reference order
         pools: dict = {}
         for inst in layout.instances:
-            pools.setdefault((inst.kind, frozenset([(inst.rows, inst.cols), (inst.cols, inst.rows)])), []).append(inst)
+            pools.setdefault(sig(inst), []).append(inst)
         rows_ = []
         for ref in insts:
-            inst = pools[(ref.kind, frozenset([(ref.rows, ref.cols), (ref.cols, ref.rows)]))].pop(0)
+            pool = pools.get(sig(ref))
+            if not pool:
+                raise SpecError("all start layouts must hold the same instances")
+            inst = pool.pop(0)
             rows_.append((inst.row, inst.col, int((inst.rows, inst.cols) != (ref.rows, ref.cols))))
         return np.asarray(rows_, dtype=np.int32)
 
     rng = np.random.default_rng(seed)
-    starts = [encode(layout0)]
     p_shape, d_shape = (pre[0].rows, pre[0].cols), (dec[0].rows, dec[0].cols)
+    randoms = []
     for _ in range(chains - 1):
         try:
-            starts.append(encode(random_placement(wafer, p_shape, len(pre), d_shape, len(dec), rng, restarts=50)))
+            randoms.append(encode(random_placement(wafer, p_shape, len(pre), d_shape, len(dec), rng, restarts=50)))
         except SpecError:
-            starts.append(starts[0])
+            randoms.append(None)
+    pos0, alpha_c = [], []
+    for lay, a in zip(starts, alphas):
+        own = encode(lay)
+        pos0 += [own] + [own if x is None else x for x in randoms]
+        alpha_c += [float(a)] * chains
     g = _Geometry(wafer)
     temps = np.geomspace(t_start, t_end, steps)
-    best_pos, best_c = _anneal(jnp.asarray(np.stack(starts)), jax.random.PRNGKey(seed), jnp.asarray(base_h),
+    best_pos, best_c = _anneal(jnp.asarray(np.stack(pos0)), jax.random.PRNGKey(seed), jnp.asarray(base_h),
                                jnp.asarray(base_w), jnp.asarray(is_pre), jnp.asarray(g.hops),
-                               jnp.asarray(g.incidence), jnp.asarray(float(alpha)), jnp.asarray(temps),
+                               jnp.asarray(g.incidence), jnp.asarray(alpha_c), jnp.asarray(temps),
                                wafer.rows, wafer.cols, steps, 1)
-    best_pos, best_c = np.asarray(best_pos), np.asarray(best_c)
-    k = int(np.argmin(best_c))
-    layout = Layout(wafer.rows, wafer.cols, tuple(
-        Instance(ref.kind, int(p[0]), int(p[1]), ref.cols if p[2] else ref.rows, ref.rows if p[2] else ref.cols)
-        for ref, p in zip(insts, best_pos[k])))
-    cost = transfer_cost(wafer, layout, alpha).cost
-    return AnnealResult(layout, cost, [float(c) for c in best_c], time.perf_counter() - t0)
+    best_pos = np.asarray(best_pos).reshape(len(alphas), chains, len(insts), 3)
+    best_c = np.asarray(best_c).reshape(len(alphas), chains)
+    elapsed = time.perf_counter() - t0
+    out = []
+    for a_i, a in enumerate(alphas):
+        k = int(np.argmin(best_c[a_i]))
+        layout = Layout(wafer.rows, wafer.cols, tuple(
+            Instance(ref.kind, int(p[0]), int(p[1]), ref.cols if p[2] else ref.rows, ref.rows if p[2] else ref.cols)
+            for ref, p in zip(insts, best_pos[a_i, k])))
+        cost = transfer_cost(wafer, layout, a).cost
+        out.append(AnnealResult(layout, cost, [float(c) for c in best_c[a_i]], elapsed))
+    return out
+
+
+def anneal_placement(wafer: WaferSpec, layout0: Layout, alpha: float = 1.0, chains: int = 32, steps: int = 2000,
+                     seed: int = 0, t_start: float = 2.0, t_end: float = 0.01) -> AnnealResult:
+    """Simulated annealing of TransferCost from ``layout0`` and ``chains - 1`` random layouts.
+
+    See :func:`anneal_placements` (this is its one-alpha case).
+    """
+    return anneal_placements(wafer, [layout0], [alpha], chains, steps, seed, t_start, t_end)[0]
 
 
 def exhaustive_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,
@@ -661,8 +713,10 @@ def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_s
     except SpecError:
         exhaustive = False
     rows, best = [], {}
-    for a in alphas:
-        dc = decode_centred_placement(wafer, prefill_shape, n_prefill, decode_shape, n_decode, a)
+    heuristics = [decode_centred_placement(wafer, prefill_shape, n_prefill, decode_shape, n_decode, a) for a in alphas]
+    annealed = None if exhaustive else anneal_placements(wafer, heuristics, alphas, chains, steps, seed)
+    for k, a in enumerate(alphas):
+        dc = heuristics[k]
         c_dc = transfer_cost(wafer, dc, a).cost
         rc = np.asarray([transfer_cost(wafer, l, a).cost for l in randoms]) if randoms else np.asarray([np.nan])
         if exhaustive:
@@ -670,10 +724,7 @@ def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_s
                                                exhaustive_limit)
             method = "exhaustive"
         else:
-            res = anneal_placement(wafer, dc, a, chains=chains, steps=steps, seed=seed)
-            lay, c_s, method = res.layout, res.cost, "anneal"
-        if c_dc < c_s:  # the search never reports worse than the heuristic it started from
-            lay, c_s = dc, c_dc
+            lay, c_s, method = annealed[k].layout, annealed[k].cost, "anneal"
         best[a] = lay
         rows.append(PlacementComparison(float(a), c_dc, float(rc.mean()), float(rc.std()), float(rc.min()), c_s,
                                         method))
@@ -748,5 +799,5 @@ def plot_placement(wafer: WaferSpec, layout: Layout, path, alpha: float = 1.0, t
 __all__ = [
     "Instance", "Layout", "TransferReport", "AnnealResult", "PlacementComparison", "pack_instances",
     "enumerate_layouts", "transfer_cost_arrays", "transfer_cost", "decode_centred_placement", "random_placement",
-    "anneal_placement", "exhaustive_placement", "compare_placements", "plot_placement",
+    "anneal_placement", "anneal_placements", "exhaustive_placement", "compare_placements", "plot_placement",
 ]
