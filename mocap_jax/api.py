@@ -259,10 +259,12 @@ def _point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pa
     mbkr = mbkr or MBKRConfig()
     mp = mbkr_params(hw, placement, n_pad, mbkr, mode, dtype)
     layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
-    # hand-offs see the bandwidth left to them on links shared with other concurrent transfers
+    # hand-offs share links with each other (they run concurrently in a full pipeline);
+    # MBKR transfers additionally share with hand-offs and other pairs (mbkr_params)
     n = len(placement)
+    _, handoff_bw = pair_routes(hw, placement, None, n_pad, dtype)
     shared_bw = np.ones(n_pad, dtype)
-    shared_bw[: n - 1] = mp.stage_bandwidth[np.arange(n - 1), np.arange(1, n)]
+    shared_bw[: n - 1] = handoff_bw[np.arange(n - 1), np.arange(1, n)]
     layout = dataclasses.replace(layout, handoff_bandwidth=shared_bw)
     return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
                  layout=layout, synchronous=np.asarray(admission == "synchronous"),

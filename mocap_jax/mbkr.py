@@ -258,6 +258,7 @@ def dynamic_spills(finish, release, kv, cap, p1, p2, num_stages):
         # if the new partner is -1, a's spilled KV stays where it is
         new_p = jnp.where(migrate & (new_p < 0), old_p, new_p)
         mig_bytes = jnp.where(new_p == old_p, 0.0, mig_bytes)
+        new_p = new_p.astype(partner.dtype)
         partner = partner.at[a].set(new_p)
         hosted = jnp.zeros((N,), dt).at[jnp.where(partner >= 0, partner, N)].add(tot_spill, mode="drop")
         local = tot_own + hosted
@@ -279,9 +280,9 @@ def dynamic_spills(finish, release, kv, cap, p1, p2, num_stages):
         over = over | (live & jnp.any(local > capv * (1 + 1e-6)))
         peak = jnp.where(live, jnp.maximum(peak, local), peak)
         moved_rec = moved_rec.at[it, a].add(jnp.where(add, moved, 0.0))
-        part_rec = part_rec.at[it, a].set(jnp.where(add, partner[a], part_rec[it, a]))
+        part_rec = part_rec.at[it, a].set(jnp.where(add, partner[a], part_rec[it, a]).astype(part_rec.dtype))
         mig_rec = mig_rec.at[it, a].add(mig_bytes)
-        mig_from = mig_from.at[it, a].set(jnp.where(mig_bytes > 0, old_p, mig_from[it, a]))
+        mig_from = mig_from.at[it, a].set(jnp.where(mig_bytes > 0, old_p, mig_from[it, a]).astype(mig_from.dtype))
         state = (own, spill, tot_own, tot_spill, partner, peak, over, moved_rec, part_rec, mig_rec, mig_from)
         return state, (tm, jnp.where(live_stage, local, 0.0))
 

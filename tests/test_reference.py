@@ -344,3 +344,17 @@ def test_reference_is_independent_of_the_array_kernels():
     text = " ".join(imported)
     for kernel in ("pipeline", "schedule", "memory", "api", "simulate", "jax"):
         assert kernel not in text.replace("simpy", ""), f"reference imports {kernel}: {sorted(imported)}"
+
+
+def test_handoff_routes_share_link_bandwidth():
+    # mocap-2x4, stages on dies 0, 2, 1, 3 of the first row: routes 0->2 and 1->3 both use the
+    # directed link (1, 2), so each gets half of it; route 2->1 runs alone on (2, 1).
+    hw = get_hardware("mocap-2x4")
+    m = get_model("llama3.1-8b")
+    r = reference_simulate(m, hw, 4096, scheme="gpipe", batch=1, placement=[0, 2, 1, 3])
+    nbytes = 4096 * m.hidden * hw.activation_bytes
+    lat, bw, eff = hw.link_latency_s, hw.link_bandwidth, hw.eff_link
+    expect = [2 * lat + nbytes / (bw / 2 * eff), lat + nbytes / (bw * eff), 2 * lat + nbytes / (bw / 2 * eff), 0.0]
+    np.testing.assert_allclose(r.handoff_times[0], expect, rtol=1e-14)
+    # the shared link carried both hand-offs (they do not overlap here: the union is their sum)
+    assert r.link_busy_s[(1, 2)] == pytest.approx(expect[0] + expect[2], rel=1e-12)

@@ -102,13 +102,13 @@ SIZES: dict[str, CalibrationSize] = {
         model=_llama_like("calib-small", layers=2, hidden=512, ffn=1536, q_heads=8, kv_heads=2, head_dim=64),
         chunks=(32, 64, 128, 256), prefixes=(0, 512, 1024, 2048, 3072), batches=(1, 2),
         dtype="float32", kv_block=256, q_block=128, q_rows=512,
-        rounds=5, min_rounds=3, min_sample_s=0.004, measure_budget_s=25.0),
+        rounds=7, min_rounds=3, min_sample_s=0.01, measure_budget_s=20.0),
     "cpu": CalibrationSize(
         name="cpu",
         model=_llama_like("calib-cpu", layers=4, hidden=768, ffn=2048, q_heads=12, kv_heads=4, head_dim=64),
-        chunks=(32, 64, 128, 256, 512), prefixes=(0, 1024, 2048, 4096, 6144, 8192), batches=(1, 2, 4),
+        chunks=(32, 64, 128, 256, 512), prefixes=(0, 1024, 2048, 4096, 8192), batches=(1, 2, 4),
         dtype="float32", kv_block=256, q_block=128, q_rows=512,
-        rounds=7, min_rounds=3, min_sample_s=0.01, measure_budget_s=180.0),
+        rounds=5, min_rounds=3, min_sample_s=0.02, measure_budget_s=150.0),
     "gpu": CalibrationSize(
         name="gpu",
         # Llama-3.1-8B blocks (hidden 4096, FFN 14336, GQA 32/8 x 128), four of them, in bf16.

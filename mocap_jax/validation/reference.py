@@ -13,8 +13,10 @@ from first principles:
   item queues at a stage only after its predecessor in item order has queued there,
   so the FIFO queue serves items in item order;
 * every **hand-off** s -> s+1 is a pure delay on the XY route between the two dies
-  (several hand-offs may share a route); the simulator records the busy intervals
-  of each directed link it crosses;
+  (several hand-offs may share a route); its bandwidth is the route's bottleneck
+  ``link_bandwidth / sharers``, where sharers counts the hand-off routes that use the
+  link (docs/semantics.md); the simulator records the busy intervals of each directed
+  link it crosses;
 * every stage's **HBM** is an explicit ledger (:class:`StageHBM`) of KV blocks
   keyed by ``(owner stage, item)``; blocks are deposited when a stage finishes an
   item and withdrawn by the release policy.  The owner key lets a later MBKR model
@@ -28,6 +30,7 @@ Units: seconds and bytes throughout.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -36,7 +39,7 @@ import numpy as np
 import simpy
 
 from .. import costs
-from ..mesh import snake_placement, xy_route
+from ..mesh import link_bandwidth, snake_placement, xy_route
 from ..specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 #: Schemes the reference implements (MBKR and its combinations come later).
@@ -203,16 +206,37 @@ class RouteLinks:
     """Directed mesh links and the hand-off routes over them.
 
     A hand-off is a pure delay (docs/semantics.md): routes are not exclusive, several
-    hand-offs may be in flight on one link.  Each transfer is recorded as a busy
-    interval on every directed link of its XY route.
+    hand-offs may be in flight on one link.  A link's bandwidth is divided among the
+    hand-off routes that use it (in a full pipeline they all run concurrently), and a
+    route runs at its bottleneck share.  Each transfer is recorded as a busy interval
+    on every directed link of its XY route.
+
+    Attributes:
+      routes: per hand-off s -> s+1, the directed links ``(from_die, to_die)`` of its XY route.
+      sharers: per directed link, how many hand-off routes use it.
     """
 
     def __init__(self, env: simpy.Environment, hw: HardwareSpec, placement: np.ndarray):
         self.env = env
+        self.hw = hw
         n = len(placement)
         self.routes: list[list[tuple[int, int]]] = [
             xy_route(hw, int(placement[s]), int(placement[s + 1])) for s in range(n - 1)]
+        self.sharers: dict[tuple[int, int], int] = {}
+        for route in self.routes:
+            for link in set(route):
+                self.sharers[link] = self.sharers.get(link, 0) + 1
         self.intervals: dict[tuple[int, int], list[tuple[float, float]]] = {}
+
+    def shared_bandwidth(self) -> np.ndarray:
+        """``[N]`` bytes/s each hand-off route gets: min over its links of raw bandwidth / sharers.
+
+        Entry ``N-1`` (no hand-off after the last stage) is 1, as in :class:`costs.StageLayout`.
+        """
+        bw = np.ones(len(self.routes) + 1)
+        for s, route in enumerate(self.routes):
+            bw[s] = min(link_bandwidth(self.hw, l) / self.sharers[l] for l in route)
+        return bw
 
     def handoff(self, stage: int, delay: float):
         """SimPy process body: carry one hand-off from ``stage`` to ``stage + 1``."""
@@ -355,11 +379,14 @@ class ReferenceSimulator:
         self.N = n = len(self.placement)
         self.K = k_count = len(items)
         self.num_batches = max(it.batch for it in items) + 1
+        self.env = simpy.Environment()
+        self.links = RouteLinks(self.env, hw, self.placement)
 
-        # §4 costs, per operation, float64 NumPy.
+        # §4 costs, per operation, float64 NumPy; hand-offs at their shared route bandwidth.
         mp = costs.ModelParams.from_spec(model, np.float64)
         hp = costs.HardwareParams.from_spec(hw, np.float64)
         layout = costs.StageLayout.from_placement(hw, self.placement, dtype=np.float64)
+        layout = dataclasses.replace(layout, handoff_bandwidth=self.links.shared_bandwidth())
         c = np.array([it.tokens for it in items], np.float64)
         p = np.array([it.prefix for it in items], np.float64)
         b = np.array([it.requests for it in items], np.float64)
@@ -372,11 +399,9 @@ class ReferenceSimulator:
         self.weights = np.asarray(costs.stage_weight_bytes(mp, hp, n, n, xp=np), np.float64)
         self.usable_hbm = float(hw.hbm_capacity * hw.usable_hbm_fraction)
 
-        self.env = simpy.Environment()
         self.audit: list[tuple[float, float, float, float]] = []
         self.hbm = [StageHBM(self.env, s, self.weights[s], self.usable_hbm, self._audit) for s in range(n)]
         self.stages = [StageServer(self.env, s, k_count) for s in range(n)]
-        self.links = RouteLinks(self.env, hw, self.placement)
         self.start = np.full((k_count, n), np.nan)
         self.finish = np.full((k_count, n), np.nan)
         # batch_done[j] fires when batch j's last item leaves the last stage.

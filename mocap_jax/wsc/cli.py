@@ -201,6 +201,8 @@ def resolve_instances(args, model, wafer, workload, strategies):
       (prefill Candidate, n_prefill, decode Candidate, n_decode, PartitionResult or None).
     """
     targets = part.ServingTargets.make(args.chunk, args.tpot_slo_ms / 1e3, args.ttft_slo_s)
+    parsed = {flag: parse_instance(text, flag) for flag, text in (("--prefill", args.prefill),
+                                                                   ("--decode", args.decode)) if text is not None}
     if (args.prefill is None) != (args.decode is None):
         raise SpecError("give both --prefill and --decode, or neither (then the partition chooses)")
     if args.prefill is None:
@@ -208,8 +210,8 @@ def resolve_instances(args, model, wafer, workload, strategies):
                              tpot_slo_s=args.tpot_slo_ms / 1e3, ttft_slo_s=args.ttft_slo_s, max_batch=args.max_batch)
         return res.prefill, res.n_prefill, res.decode, res.n_decode, res
     out = []
-    for flag, text in (("--prefill", args.prefill), ("--decode", args.decode)):
-        shape, n, s = parse_instance(text, flag)
+    for flag in ("--prefill", "--decode"):
+        shape, n, s = parsed[flag]
         _check_fits(wafer, shape, flag)
         cand = part.evaluate_candidates(model, wafer, workload, targets, [s or strategies[0]], args.max_batch,
                                         shapes=[shape])[0]

@@ -237,7 +237,7 @@ def tp_plan(model: ModelSpec, wafer: WaferSpec, config: InstanceConfig, dtype=jn
         pair = pair_full * qh / m.q_heads
         s = 1
         gather = reduce = 0.0
-        groups = [order]
+        groups = [[cell] for cell in order]  # no group collectives
     else:  # gqa-hybrid
         g = math.gcd(t, kv_heads)
         s = t // g
@@ -406,6 +406,10 @@ def prefill_time(model: ModelParams, hw: WaferParams, plan: TPPlan, tokens, attn
     return _iteration_time(model, hw, plan, tokens, attn_pairs, kv_read_tokens, head_tokens, 0.0)
 
 
+def _float_dtype(x):
+    return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+
+
 def prefill_iteration_time(model: ModelParams, hw: WaferParams, plan: TPPlan, chunk, prefix, last, mask=None):
     """Seconds of one chunked-prefill iteration of a batch of requests.
 
@@ -422,7 +426,7 @@ def prefill_iteration_time(model: ModelParams, hw: WaferParams, plan: TPPlan, ch
     tokens = jnp.sum(c, axis=-1)
     pairs = jnp.sum(c * (p + (c + 1) / 2.0), axis=-1)
     kv = jnp.sum(jnp.where(c > 0, p + c, 0), axis=-1)
-    head = jnp.sum(jnp.where(mask & jnp.asarray(last), 1.0, 0.0), axis=-1)
+    head = jnp.sum(mask & jnp.asarray(last), axis=-1).astype(_float_dtype(c))
     return prefill_time(model, hw, plan, tokens, pairs, kv, head)
 
 
@@ -457,7 +461,7 @@ def decode_iteration_time(model: ModelParams, hw: WaferParams, plan: TPPlan, con
     """
     context = jnp.asarray(context)
     mask = jnp.ones(context.shape, bool) if mask is None else jnp.asarray(mask)
-    n = jnp.sum(jnp.where(mask, 1.0, 0.0), axis=-1)
+    n = jnp.sum(mask, axis=-1).astype(_float_dtype(context))
     ctx = jnp.sum(jnp.where(mask, context, 0), axis=-1)
     return decode_time(model, hw, plan, n, ctx, remote)
 

@@ -515,9 +515,9 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
             j = jax.random.randint(ks[1], (), 0, n)
             move = jax.random.randint(ks[2], (), 0, 3)
             rel = jnp.stack([jax.random.randint(ks[3], (), 0, rows), jax.random.randint(ks[4], (), 0, cols),
-                             jax.random.randint(ks[5], (), 0, 2) * rotate])
+                             jax.random.randint(ks[5], (), 0, 2) * rotate]).astype(pos.dtype)
             d = jax.random.randint(ks[6], (), 0, 4)
-            shift = jnp.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]])[d]
+            shift = jnp.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]], dtype=pos.dtype)[d]
             pi, pj = pos[i], pos[j]
             relocated = pos.at[i].set(rel)
             shifted = pos.at[i].add(shift)
@@ -529,7 +529,7 @@ def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, ro
             tc = jnp.where(use_j, pj[1], rel[1])
             inside = ((pos[:, 0] >= tr) & (pos[:, 0] + h <= tr + h[i]) & (pos[:, 1] >= tc)
                       & (pos[:, 1] + w <= tc + w[i]) & (jnp.arange(n) != i))
-            offset = jnp.stack([pi[0] - tr, pi[1] - tc, 0])
+            offset = jnp.stack([pi[0] - tr, pi[1] - tc, jnp.zeros((), pos.dtype)])
             swapped = jnp.where(inside[:, None], pos + offset, pos).at[i, :2].set(jnp.stack([tr, tc]))
             prop = jnp.where(move == 0, relocated, jnp.where(move == 1, shifted, swapped))
             ok = valid(prop)
