@@ -226,7 +226,7 @@ def evaluate(point: Point, shape: SimShape) -> dict:
     # saturation throughput and utilisation
     stage_work = jnp.sum(t, axis=0)                                 # [N] busy seconds per batch
     period = jnp.where(point.synchronous, latency, jnp.max(stage_work))
-    requests = jnp.sum(it.requests).astype(dt)
+    requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)   # each request counted once (its last item)
     throughput = requests / period
     bubble = 1.0 - jnp.sum(stage_work) / (n.astype(dt) * latency)
     utilisation = jnp.where(stage_live, stage_work / period, 0.0)

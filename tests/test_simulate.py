@@ -57,6 +57,7 @@ def test_streaming_overlaps_batches_and_synchronous_does_not():
     assert st.throughput_rps > sy.throughput_rps
     # streaming saturation period is the bottleneck stage's work per batch
     assert st.period_s == pytest.approx(st.stage_times.sum(0).max(), rel=1e-6)
+    assert st.throughput_rps == pytest.approx(2 / st.period_s, rel=1e-6)   # B requests per period
 
 
 def test_streaming_period_matches_long_run():

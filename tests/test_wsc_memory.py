@@ -55,6 +55,25 @@ def test_decode_hops():
     assert h[0].reshape(3, 4).tolist() == [[2, 1, 0, 0], [3, 2, 1, 1], [4, 3, 2, 2]]
 
 
+def test_remote_kv_for_the_decode_model():
+    kv = np.zeros(W34.num_dies)
+    kv[5] = 100.0   # die (1,1): 2 hops from D0 at (0,2)-(0,3)
+    kv[2] = 50.0    # on D0 itself: local, not remote
+    r = mem.remote_kv(W34, layout34(), 0, kv, jnp.float64)
+    assert float(r.tokens.sum()) == 100.0 and float(r.hops[5]) == 2.0
+    assert float(r.ingress_links) == 3  # (0,1)->(0,2), (1,2)->(0,2), (1,3)->(0,3)
+    model = get_model("llama2-7b")
+    mp = perf.model_params(model, jnp.float64)
+    from mocap_jax.wsc.hardware import WaferParams
+
+    hw = WaferParams.from_spec(W34, jnp.float64)
+    plan = perf.tp_plan(model, W34, perf.InstanceConfig(1, 2), jnp.float64)
+    t_remote = perf.decode_iteration_time(mp, hw, plan, jnp.array([150.0]), remote=r)
+    assert float(t_remote) > float(perf.decode_iteration_time(mp, hw, plan, jnp.array([150.0])))
+    with pytest.raises(SpecError, match="out of range"):
+        mem.remote_kv(W34, layout34(), 5, kv)
+
+
 def test_greedy_schedule_invariants_and_head_of_line():
     rng = np.random.default_rng(3)
     table = mem.priority_table(W34, layout34(), "greedy")

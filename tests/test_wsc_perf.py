@@ -69,6 +69,9 @@ def test_decode_time_by_hand_and_mask():
     per_block = (36992 * 2 + 512) / 1e9 + 30 * 64 * 2 / 1e9
     expect = 2 * per_block + 2 * 64 * 4 / 1e9 + 6400 * 2 / 1e9
     assert float(t) == pytest.approx(expect, rel=1e-12)
+    # an empty batch (all rows masked) runs no iteration
+    assert float(perf.decode_iteration_time(mp, hw, plan, jnp.array([10.0]), jnp.array([False]))) == 0.0
+    assert float(perf.prefill_time(mp, hw, plan, 0.0, 0.0, 0.0, 0.0)) == 0.0
 
 
 def test_remote_kv_read_by_hand():

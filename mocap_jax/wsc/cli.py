@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import re
-import sys
 import time
 from typing import Any, Sequence
 
@@ -57,8 +56,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain aligned table: text left-aligned, numbers right-aligned."""
     cells = [[_fmt(v) for v in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [all(isinstance(r[i], (int, float, np.integer, np.floating)) and not isinstance(r[i], bool)
-                   for r in rows) if rows else False for i in range(len(headers))]
+    isnum = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    numeric = [any(isnum(r[i]) for r in rows) and all(isnum(r[i]) or r[i] in ("", "-") for r in rows)
+               for i in range(len(headers))]
     just = lambda s, i: s.rjust(widths[i]) if numeric[i] else s.ljust(widths[i])
     lines = ["  ".join(just(h, i) for i, h in enumerate(headers)).rstrip(),
              "  ".join("-" * w for w in widths)]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -141,6 +141,36 @@ def decode_hops(wafer: WaferSpec, layout: Layout) -> np.ndarray:
         ids = [r * wafer.cols + c for r, c in dq.cells()]
         out[q] = hm[:, ids].min(axis=1)
     return out
+
+
+def remote_kv(wafer: WaferSpec, layout: Layout, decode_index: int, kv_tokens_per_die, dtype=jnp.float32) -> perf.RemoteKV:
+    """The KV a decode instance reads from other dies, as :class:`~mocap_jax.wsc.perf.RemoteKV`.
+
+    Args:
+      decode_index: which instance of ``layout.decode``.
+      kv_tokens_per_die: ``[D]`` KV tokens of that instance's batch held on each die
+        (bytes / KV bytes per token); entries on the instance itself are local.
+
+    Returns:
+      RemoteKV with one location per die (``[D]``, zero tokens on the instance and where
+      nothing is held), hops to the instance, and the instance's real ingress links
+      (directed links from outside dies into it, wafer edges excluded).
+    """
+    if not 0 <= decode_index < len(layout.decode):
+        raise SpecError(f"decode_index {decode_index} out of range: the layout has {len(layout.decode)} decode instances")
+    kv = np.asarray(kv_tokens_per_die, dtype=float)
+    if kv.shape != (wafer.num_dies,) or np.any(kv < 0):
+        raise SpecError(f"kv_tokens_per_die must be {wafer.num_dies} non-negative numbers, one per die")
+    hops = decode_hops(wafer, layout)[decode_index]
+    inst = layout.decode[decode_index]
+    cells = set(inst.cells())
+    ingress = 0
+    for r, c in cells:
+        for rr, cc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if 0 <= rr < wafer.rows and 0 <= cc < wafer.cols and (rr, cc) not in cells:
+                ingress += 1
+    return perf.RemoteKV(tokens=np.where(hops > 0, kv, 0.0).astype(dtype), hops=hops.astype(dtype),
+                         internode=np.zeros(wafer.num_dies, dtype), ingress_links=np.asarray(ingress, dtype))
 
 
 # --------------------------------------------------------------------------- the greedy rule
@@ -533,7 +563,7 @@ def simulate_kv(wafer: WaferSpec, layout: Layout, budget: DieBudget, requests: K
 
 
 __all__ = [
-    "NOT_ALLOWED", "POLICIES", "DieBudget", "die_budget", "priority_table", "decode_hops", "greedy_allocate",
+    "NOT_ALLOWED", "POLICIES", "DieBudget", "die_budget", "priority_table", "decode_hops", "remote_kv", "greedy_allocate",
     "greedy_schedule", "optimal_allocation", "SnapshotResult", "compare_snapshot", "KVRequests",
     "synthetic_requests", "MemorySimResult", "simulate_kv",
 ]

@@ -402,8 +402,12 @@ def prefill_time(model: ModelParams, hw: WaferParams, plan: TPPlan, tokens, attn
       attn_pairs: causal (query, key) pairs, ``sum_r c_r (p_r + (c_r + 1) / 2)``.
       kv_read_tokens: KV tokens read per block, ``sum_r (p_r + c_r)``.
       head_tokens: requests whose last chunk is in this iteration (LM head runs once each).
+
+    Returns:
+      seconds, broadcast over the inputs; 0 where ``tokens == 0`` (no iteration).
     """
-    return _iteration_time(model, hw, plan, tokens, attn_pairs, kv_read_tokens, head_tokens, 0.0)
+    t = _iteration_time(model, hw, plan, tokens, attn_pairs, kv_read_tokens, head_tokens, 0.0)
+    return jnp.where(tokens > 0, t, 0.0)  # an idle instance runs no iteration
 
 
 def _float_dtype(x):
@@ -442,12 +446,16 @@ def decode_time(model: ModelParams, hw: WaferParams, plan: TPPlan, requests, con
       requests: requests in the batch (one new token each).
       context_tokens: total KV tokens the batch attends to.
       remote: KV held outside the instance (default none).
+
+    Returns:
+      seconds, broadcast over the inputs; 0 where ``requests == 0`` (no iteration).
     """
     remote = RemoteKV.none() if remote is None else remote
     remote_tokens = jnp.sum(remote.tokens)
     local = jnp.maximum(context_tokens - remote_tokens, 0.0)
     r = remote_kv_time(model, hw, plan, remote)
-    return _iteration_time(model, hw, plan, requests, context_tokens, local, requests, r)
+    t = _iteration_time(model, hw, plan, requests, context_tokens, local, requests, r)
+    return jnp.where(requests > 0, t, 0.0)  # an empty batch runs no iteration
 
 
 def decode_iteration_time(model: ModelParams, hw: WaferParams, plan: TPPlan, context, mask=None,

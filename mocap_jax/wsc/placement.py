@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Sequence
 
@@ -758,8 +758,9 @@ def plot_placement(wafer: WaferSpec, layout: Layout, path, alpha: float = 1.0, t
         ax.add_patch(Rectangle((inst.col - 0.48, inst.row - 0.48), inst.cols - 0.04, inst.rows - 0.04,
                                fc=colours[inst.kind], ec="black", lw=1.2, alpha=0.75))
         cr, cc = inst.centre
-        ax.text(inst.col + (inst.cols - 1) / 2, inst.row + (inst.rows - 1) / 2,
-                f"{inst.kind[0].upper()}{counters[inst.kind]}", ha="center", va="center", fontsize=9, weight="bold")
+        ax.text(inst.col + (inst.cols - 1) / 2, inst.row + (inst.rows - 1) / 2 + 0.27,
+                f"{inst.kind[0].upper()}{counters[inst.kind]}", ha="center", va="center", fontsize=8, weight="bold",
+                bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.6))
         ax.plot(cc, cr, "k.", ms=4)
         counters[inst.kind] += 1
     for (a, b), u in rep.link_use.items():

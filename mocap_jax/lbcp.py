@@ -1,0 +1,255 @@
+"""LBCP: latency-balanced chunk partitioning (DESIGN §7).
+
+1. :func:`proxy_dp` solves the TeraPipe proxy exactly: minimise
+   ``sum_i t_i + (N - 1) * max_i t_i`` over partitions of ``S`` into ``M`` chunks of
+   multiples of ``g`` (``t_i`` the bottleneck-stage time of chunk i after its prefix).
+   For a cap ``T`` on ``max t``, a DP over (chunks used, tokens covered) minimises
+   ``sum t``; caps are evaluated as one vmapped batch at a time, in ascending order,
+   until no larger cap can win (``dp_inf + (N-1) T >= best``), so the result is exact.
+   :func:`terapipe_dp` is TeraPipe's own partitioning: the same proxy with the number
+   of chunks free.
+2. :func:`anneal` refines a partition under any batched objective: one-boundary moves
+   by multiples of ``g``, Metropolis acceptance, geometric cooling, thousands of
+   chains as one vmapped program, deterministic for a seed.
+
+Units: partitions in tokens at the API, in units of ``g`` inside (``U = S / g``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import costs
+from .costs import HardwareParams, ModelParams, StageLayout
+
+
+def check_granularity(seq_len: int, chunks: int | None, granularity: int) -> int:
+    """Validate (S, M, g); return ``U = S / g``."""
+    if isinstance(granularity, bool) or not isinstance(granularity, (int, np.integer)) or granularity <= 0:
+        raise ValueError(f"granularity must be a positive integer number of tokens, got {granularity!r}")
+    if seq_len % granularity:
+        raise ValueError(f"granularity g={granularity} does not divide seq_len {seq_len}; choose g dividing S "
+                         f"(e.g. {np.gcd(seq_len, 256)}) or a sequence length that is a multiple of g")
+    U = seq_len // granularity
+    if chunks is not None and chunks > U:
+        raise ValueError(f"M={chunks} chunks of at least g={granularity} tokens need S >= {chunks * granularity}, "
+                         f"but S={seq_len}; use fewer chunks or a smaller g")
+    return U
+
+
+def chunk_cost_matrix(model: ModelParams, hw: HardwareParams, layout: StageLayout, units: int, granularity: int,
+                      batch, n_pad: int, extra_fn: Callable | None = None):
+    """``C[y, x]``: bottleneck-stage seconds of a chunk covering units ``[y, x)``; ``inf`` where ``x <= y``.
+
+    Shape ``[U + 1, U + 1]``.  The chunk ending at ``U`` carries the LM head.
+    """
+    dt = model.hidden.dtype
+    y = jnp.arange(units + 1)[:, None]
+    x = jnp.arange(units + 1)[None, :]
+    c = ((x - y) * granularity).astype(dt)
+    p = jnp.broadcast_to(y * granularity, c.shape).astype(dt)
+    b = jnp.full(c.shape, batch, dt)
+    last = jnp.broadcast_to(x == units, c.shape)
+    t = costs.stage_times(model, hw, layout, jnp.maximum(c, 0), p, b, last, n_pad)
+    C = jnp.max(t, axis=-1)
+    return jnp.where(x > y, C, jnp.inf)
+
+
+def _dp_fixed(C, chunks: int, cap):
+    """min sum t over partitions of [0, U] into ``chunks`` chunks with every t <= cap; and backpointers."""
+    Cc = jnp.where(C <= cap, C, jnp.inf)
+    U1 = C.shape[0]
+    dp0 = jnp.full((U1,), jnp.inf, C.dtype).at[0].set(0.0)
+
+    def step(dp, _):
+        tot = dp[:, None] + Cc                      # [y, x]
+        return jnp.min(tot, axis=0), jnp.argmin(tot, axis=0)
+
+    dp, back = jax.lax.scan(step, dp0, None, length=chunks)
+    return dp[-1], back
+
+
+def _dp_free(C, cap):
+    """TeraPipe: min sum t over partitions of [0, U] into any number of chunks with t <= cap."""
+    Cc = jnp.where(C <= cap, C, jnp.inf)
+    U1 = C.shape[0]
+
+    def step(dp, x):
+        cand = dp + Cc[:, x]
+        return dp.at[x].set(jnp.where(x == 0, 0.0, jnp.min(cand))), jnp.argmin(cand)
+
+    dp, back = jax.lax.scan(step, jnp.full((U1,), jnp.inf, C.dtype), jnp.arange(U1))
+    return dp[-1], back
+
+
+_dp_fixed_caps = jax.jit(jax.vmap(_dp_fixed, in_axes=(None, None, 0)), static_argnums=1)
+_dp_fixed_one = jax.jit(_dp_fixed, static_argnums=1)
+_dp_free_caps = jax.jit(jax.vmap(_dp_free, in_axes=(None, 0)))
+_dp_free_one = jax.jit(_dp_free)
+
+
+class DPResult(NamedTuple):
+    """Exact proxy optimum: ``partition`` (tokens), ``objective`` (s), ``cap`` (s), caps evaluated."""
+
+    partition: np.ndarray
+    objective: float
+    cap: float
+    caps_evaluated: int
+
+
+def _search_caps(C: np.ndarray, solve_caps, num_stages: int, batch_caps: int):
+    vals = np.unique(C[np.isfinite(C)])
+    inf_sum = float(np.asarray(solve_caps(jnp.asarray(C), jnp.asarray([np.inf], C.dtype)))[0])
+    if not np.isfinite(inf_sum):
+        raise ValueError("no partition exists for these S, M and g")
+    best, best_cap, evaluated = np.inf, np.inf, 0
+    # skip caps too small to be feasible: bisection over the sorted candidates (vectorised rounds)
+    lo, hi = 0, len(vals) - 1
+    while hi - lo > batch_caps:
+        probe = np.linspace(lo, hi, batch_caps).astype(int)
+        ok = np.isfinite(np.asarray(solve_caps(jnp.asarray(C), jnp.asarray(vals[probe]))))
+        evaluated += len(probe)
+        first = int(np.argmax(ok)) if ok.any() else len(probe) - 1
+        hi = probe[first]
+        lo = probe[max(first - 1, 0)]
+    i = lo
+    while i < len(vals):
+        if inf_sum + (num_stages - 1) * vals[i] >= best:
+            break
+        caps = vals[i: i + batch_caps]
+        sums = np.asarray(solve_caps(jnp.asarray(C), jnp.asarray(caps)))
+        evaluated += len(caps)
+        obj = sums + (num_stages - 1) * caps
+        j = int(np.argmin(obj))
+        if obj[j] < best:
+            best, best_cap = float(obj[j]), float(caps[j])
+        i += batch_caps
+    return best, best_cap, evaluated
+
+
+def proxy_dp(C: np.ndarray, chunks: int, num_stages: int, granularity: int, batch_caps: int = 64) -> DPResult:
+    """Exact minimiser of ``sum t + (N-1) max t`` over partitions into ``chunks`` chunks (multiples of g)."""
+    C = np.asarray(C)
+    U = C.shape[0] - 1
+    best, cap, evaluated = _search_caps(C, lambda c, caps: _dp_fixed_caps(c, chunks, caps)[0], num_stages, batch_caps)
+    _, back = _dp_fixed_one(jnp.asarray(C), chunks, jnp.asarray(cap, C.dtype))
+    back = np.asarray(back)
+    bounds = [U]
+    for m in range(chunks - 1, -1, -1):
+        bounds.append(int(back[m, bounds[-1]]))
+    bounds = bounds[::-1]
+    part = np.diff(bounds) * granularity
+    return DPResult(part.astype(np.int64), best, cap, evaluated)
+
+
+def terapipe_dp(C: np.ndarray, num_stages: int, granularity: int, batch_caps: int = 64) -> DPResult:
+    """TeraPipe's partitioning: the proxy optimum over any number of chunks."""
+    C = np.asarray(C)
+    U = C.shape[0] - 1
+    best, cap, evaluated = _search_caps(C, lambda c, caps: _dp_free_caps(c, caps)[0], num_stages, batch_caps)
+    _, back = _dp_free_one(jnp.asarray(C), jnp.asarray(cap, C.dtype))
+    back = np.asarray(back)
+    bounds = [U]
+    while bounds[-1] > 0:
+        bounds.append(int(back[bounds[-1]]))
+    part = np.diff(bounds[::-1]) * granularity
+    return DPResult(part.astype(np.int64), best, cap, evaluated)
+
+
+def proxy_objective(C: np.ndarray, partition_units, num_stages: int) -> np.ndarray:
+    """Proxy value of partitions given in units, ``[..., M] -> [...]`` (for checks and brute force)."""
+    pu = np.asarray(partition_units)
+    b = np.concatenate([np.zeros(pu.shape[:-1] + (1,), np.int64), np.cumsum(pu, -1)], -1)
+    t = C[b[..., :-1], b[..., 1:]]
+    return t.sum(-1) + (num_stages - 1) * t.max(-1)
+
+
+# --------------------------------------------------------------------------- annealing
+
+
+class AnnealResult(NamedTuple):
+    """Best partition (units of g) over all chains, its objective, and per-chain bests."""
+
+    partition_units: np.ndarray
+    objective: float
+    chain_best: np.ndarray
+    accept_rate: float
+
+
+PENALTY = 1e6   # relative objective of an infeasible partition
+
+
+def _anneal_impl(objective, ctx, init, key, reference, *, steps: int, max_shift: int, t_start: float, t_end: float):
+    """Chains ``init[C, M]`` annealed under ``objective(units[M], ctx) -> seconds`` (vmapped over chains)."""
+    chains, M = init.shape
+    f = jax.vmap(objective, in_axes=(0, None))
+    rel = lambda v: jnp.where(jnp.isfinite(v), v / reference, PENALTY)
+    decay = (t_end / t_start) ** (1.0 / max(steps - 1, 1))
+    rows = jnp.arange(chains)
+
+    def step(carry, i):
+        part, val, best, best_val, acc, key = carry
+        key, kb, ks, kd, ku = jax.random.split(key, 5)
+        bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1))
+        mag = jax.random.randint(ks, (chains,), 1, max_shift + 1)
+        delta = jnp.where(jax.random.bernoulli(kd, 0.5, (chains,)), mag, -mag)
+        left = part[rows, bnd] + delta
+        right = part[rows, bnd + 1] - delta
+        ok = (left >= 1) & (right >= 1) & (M > 1)
+        prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
+        prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
+        pv = rel(f(prop, ctx))
+        temp = t_start * decay ** i
+        accept = ok & ((pv <= val) | (jax.random.uniform(ku, (chains,)) < jnp.exp(-(pv - val) / temp)))
+        part = jnp.where(accept[:, None], prop, part)
+        val = jnp.where(accept, pv, val)
+        better = val < best_val
+        best = jnp.where(better[:, None], part, best)
+        best_val = jnp.where(better, val, best_val)
+        return (part, val, best, best_val, acc + accept.sum(), key), None
+
+    v = rel(f(init, ctx))
+    carry = (init, v, init, v, jnp.zeros((), jnp.int32), key)
+    (_, _, best, best_val, acc, _), _ = jax.lax.scan(step, carry, jnp.arange(steps))
+    return best, best_val * reference, acc
+
+
+anneal_jit = jax.jit(_anneal_impl, static_argnames=("objective", "steps", "max_shift", "t_start", "t_end"))
+"""``jit`` of the annealer; ``objective`` must be hashable (e.g. a frozen dataclass) so repeated
+calls with the same objective structure reuse one compiled program."""
+
+
+def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
+           t_start: float = 0.02, t_end: float = 1e-4, reference: float | None = None) -> AnnealResult:
+    """Simulated annealing over partitions in units of ``g``.
+
+    Args:
+      objective: hashable callable ``(units[M] int, ctx) -> seconds`` to minimise
+        (``inf`` = infeasible); vmapped over chains.
+      ctx: pytree of traced numbers the objective needs.
+      init_units: ``[M]`` or ``[chains, M]`` starting partitions (every chunk >= 1 unit).
+      key: PRNG key (a fixed key gives identical results).
+      max_shift: a move shifts one boundary by 1..max_shift units, either way.
+      t_start, t_end: temperatures relative to ``reference`` (default: the objective of
+        the first starting partition), cooled geometrically over ``steps``.
+
+    Returns:
+      :class:`AnnealResult` (objective in seconds, ``inf`` if no chain found a feasible partition).
+    """
+    init = jnp.asarray(init_units, jnp.int32)
+    if init.ndim == 1:
+        init = jnp.broadcast_to(init, (chains, init.shape[0]))
+    if reference is None:
+        reference = float(np.asarray(objective(init[0], ctx)))
+    if not np.isfinite(reference) or reference <= 0:
+        reference = 1.0
+    best, best_val, acc = anneal_jit(objective, ctx, init, key, jnp.asarray(reference, jnp.float32), steps=steps,
+                                     max_shift=max_shift, t_start=t_start, t_end=t_end)
+    best_val = np.asarray(best_val)
+    i = int(np.argmin(best_val))
+    val = float(best_val[i]) if best_val[i] < PENALTY * reference else float("inf")
+    return AnnealResult(np.asarray(best[i]), val, best_val, float(acc) / (init.shape[0] * steps))
