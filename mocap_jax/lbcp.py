@@ -194,8 +194,8 @@ def _anneal_impl(objective, ctx, init, key, reference, *, steps: int, max_shift:
     def step(carry, i):
         part, val, best, best_val, acc, key = carry
         key, kb, ks, kd, ku = jax.random.split(key, 5)
-        bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1))
-        mag = jax.random.randint(ks, (chains,), 1, max_shift + 1)
+        bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32)
+        mag = jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32)
         delta = jnp.where(jax.random.bernoulli(kd, 0.5, (chains,)), mag, -mag)
         left = part[rows, bnd] + delta
         right = part[rows, bnd + 1] - delta
@@ -210,7 +210,7 @@ def _anneal_impl(objective, ctx, init, key, reference, *, steps: int, max_shift:
         better = val < best_val
         best = jnp.where(better[:, None], part, best)
         best_val = jnp.where(better, val, best_val)
-        return (part, val, best, best_val, acc + accept.sum(), key), None
+        return (part, val, best, best_val, acc + accept.sum().astype(jnp.int32), key), None
 
     v = rel(f(init, ctx))
     carry = (init, v, init, v, jnp.zeros((), jnp.int32), key)

@@ -34,6 +34,7 @@ STATIC_PAIRING_CODE = {"none": 0, "cross-half": 1, "head-to-tail": 2}
 DEFAULT_P1 = 0.0
 DEFAULT_P2 = 0.85
 DEFAULT_READ_OVERLAP = 0.5
+UNROLL = 1   # event scans are not unrolled (unrolling measured slower on CPU)
 
 
 @_pytree
@@ -128,81 +129,109 @@ def _decide(x, local_a, local_b, cap_a, cap_b, b_ok, p1, p2):
     return x - moved, moved
 
 
-def _event_order(times, is_add, stage, item):
-    """Processing order: time, releases before adds, stage index, item order."""
-    return jnp.lexsort((item, stage, is_add.astype(jnp.int32), times))
+def _event_order(times, is_add, stage, index):
+    """Processing order: time, releases before adds, stage index, then item / group order.
+
+    For the short event lists of a pair (tens of events) the order is computed by
+    counting, for each event, the events that precede it (``O(T^2)`` comparisons,
+    which vectorise far better than a sort under ``vmap`` on CPU); long lists sort.
+    """
+    T = times.shape[0]
+    kind = is_add.astype(jnp.int32)
+    if T > 512:
+        return jnp.lexsort((index, stage, kind, times))
+    ti, tj = times[:, None], times[None, :]
+    ki, kj = kind[:, None], kind[None, :]
+    si, sj = stage[:, None], stage[None, :]
+    ii, ij = index[:, None], index[None, :]
+    before = (tj < ti) | ((tj == ti) & ((kj < ki) | ((kj == ki) & ((sj < si) | ((sj == si) & (ij < ii))))))
+    rank = jnp.sum(before, axis=1)
+    return jnp.zeros(T, jnp.int32).at[rank].set(jnp.arange(T, dtype=jnp.int32))
 
 
-def pair_spills(finish, release, kv, cap, partner, p1, p2, num_stages):
-    """Spill decisions of static pairings (one merged event scan per pair).
+def _holds(finish, group_release, item_group):
+    """``[E, N]``: the item's KV outlives its addition (released strictly later)."""
+    return group_release[item_group] > finish
+
+
+def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num_stages):
+    """Spill decisions of static pairings: one merged event scan per pair, group-level state.
 
     Args:
-      finish, release, kv: ``[E, N]`` add time, release time and bytes of each item on each stage.
+      finish: ``[E, N]`` time each item adds its KV on each stage.
+      group_release: ``[G, N]`` time each request group's KV is freed on each stage.
+      kv: ``[E, N]`` bytes each item adds.
+      item_group: ``[E]`` int group of each item (items of a group are freed together).
       cap: ``[N]`` KV budget per stage (bytes).
-      partner: ``[N]`` int partner (-1 none).
-      p1, p2: thresholds.
-      num_stages: traced N.
+      partner: ``[N]`` int static partner (-1 none).
+      p1, p2: role thresholds; num_stages: traced N.
 
     Returns:
       dict with ``moved`` [E, N] bytes spilled at each addition, ``partner_at_add`` [E, N],
-      ``migrate_bytes`` [E, N] (zeros), ``peak`` [N] peak local bytes, ``overflow`` bool,
-      ``event_time`` [N, 4E] and ``event_local`` [N, 4E] (occupancy of each slot's
-      first stage after each of its events; rows are slots = stages) and
-      ``event_local_partner`` [N, 4E].
+      ``migrate_bytes`` / ``migrate_from`` [E, N] (no migration with static pairs),
+      ``peak`` [N] peak local bytes (own + hosted), ``overflow`` (some stage exceeded its
+      budget), and per-slot event series ``event_time`` [N, T], ``event_local`` [N, T]
+      (slot = stage s paired with a later stage or unpaired; its first side),
+      ``event_local_partner`` [N, T] and ``slot_active`` [N].
     """
     E, N = finish.shape
+    G = group_release.shape[0]
     dt = kv.dtype
+    inf = jnp.asarray(jnp.inf, dt)
+    holds = _holds(finish, group_release, item_group)
     s_idx = jnp.arange(N)
-    b_idx = jnp.where(partner >= 0, partner, 0)
+    b_idx = jnp.where(partner >= 0, partner, s_idx)
     b_ok = partner >= 0
     active = (s_idx < num_stages) & (~b_ok | (partner > s_idx))
+    gid = jnp.arange(G)
 
     def slot(a, b, ok):
-        bsafe = jnp.where(ok, b, a)
-        inf = jnp.asarray(jnp.inf, dt)
-        t_add = jnp.stack([finish[:, a], jnp.where(ok, finish[:, bsafe], inf)])       # [2, E]
-        t_rel = jnp.stack([release[:, a], jnp.where(ok, release[:, bsafe], inf)])
-        # an item released at (or before) its own addition never holds KV
-        x = jnp.stack([jnp.where(release[:, a] > finish[:, a], kv[:, a], 0.0),
-                       jnp.where(ok & (release[:, bsafe] > finish[:, bsafe]), kv[:, bsafe], 0.0)])
-        times = jnp.concatenate([t_rel, t_add], axis=1).reshape(-1)                    # [4E]
-        is_add = jnp.concatenate([jnp.zeros((2, E), bool), jnp.ones((2, E), bool)], axis=1).reshape(-1)
-        side = jnp.broadcast_to(jnp.arange(2)[:, None], (2, 2 * E)).reshape(-1)
-        item = jnp.broadcast_to(jnp.concatenate([jnp.arange(E), jnp.arange(E)])[None, :], (2, 2 * E)).reshape(-1)
-        stage = jnp.where(side == 0, a, jnp.where(ok, bsafe, N))
-        order = _event_order(times, is_add, stage, item)
-        caps = jnp.stack([cap[a], jnp.where(ok, cap[bsafe], 1.0)])
+        sides = jnp.stack([a, b])
+        okv = jnp.stack([True, ok])
+        t_add = jnp.where(okv[:, None], finish[:, sides].T, inf)                         # [2, E]
+        t_rel = jnp.where(okv[:, None], group_release[:, sides].T, inf)                  # [2, G]
+        x = jnp.where(okv[:, None] & holds[:, sides].T, kv[:, sides].T, 0.0)             # [2, E]
+        times = jnp.concatenate([t_rel, t_add], axis=1).reshape(-1)                      # [2 (G+E)]
+        is_add = jnp.concatenate([jnp.zeros((2, G), bool), jnp.ones((2, E), bool)], axis=1).reshape(-1)
+        side = jnp.repeat(jnp.arange(2), G + E)
+        index = jnp.tile(jnp.concatenate([gid, jnp.arange(E)]), 2)
+        stage = jnp.where(side == 0, a, jnp.where(ok, b, N))
+        order = _event_order(times, is_add, stage, index)
+        caps = jnp.stack([cap[a], jnp.where(ok, cap[b], 1.0)])
+
+        # everything an event needs, gathered once in processing order
+        ev_side, ev_index, ev_add, ev_time = side[order], index[order], is_add[order], times[order]
+        ev_item = jnp.minimum(ev_index, E - 1)
+        ev_group = jnp.where(ev_add, item_group[ev_item], ev_index)
+        ev_x = jnp.where(ev_add, x[ev_side, ev_item], 0.0)
 
         def step(state, ev):
-            own, spill, tot_own, tot_spill, peak, over, moved_rec = state
-            sd, it, add, tm = ev
-            other = 1 - sd
-            local = tot_own + tot_spill[::-1]                                          # [2]
-            xv = jnp.where(add, x[sd, it], 0.0)
-            keep, moved = _decide(xv, local[sd], local[other], caps[sd], caps[other], ok, p1, p2)
-            # release frees the item's own and spilled bytes
-            rel_own = jnp.where(add, 0.0, own[sd, it])
-            rel_spill = jnp.where(add, 0.0, spill[sd, it])
-            own = own.at[sd, it].set(jnp.where(add, keep, 0.0))
-            spill = spill.at[sd, it].set(jnp.where(add, moved, 0.0))
-            tot_own = tot_own.at[sd].add(jnp.where(add, keep, -rel_own))
-            tot_spill = tot_spill.at[sd].add(jnp.where(add, moved, -rel_spill))
-            local = tot_own + tot_spill[::-1]
-            live = jnp.isfinite(tm)
-            over = over | (live & (local[sd] > caps[sd] * (1 + 1e-6)))
-            peak = jnp.where(live, jnp.maximum(peak, local), peak)
-            moved_rec = moved_rec.at[sd, it].add(jnp.where(add, moved, 0.0))
-            return (own, spill, tot_own, tot_spill, peak, over, moved_rec), (tm, local)
+            own, spill = state                                                           # [2, G] each
+            sd, g, add, xv = ev
+            onehot = gid == g
+            local = own.sum(1) + spill[::-1].sum(1)
+            keep, moved = _decide(xv, local[sd], local[1 - sd], caps[sd], caps[1 - sd], ok, p1, p2)
+            own_sd = jnp.where(add, own[sd] + jnp.where(onehot, keep, 0.0), jnp.where(onehot, 0.0, own[sd]))
+            spill_sd = jnp.where(add, spill[sd] + jnp.where(onehot, moved, 0.0), jnp.where(onehot, 0.0, spill[sd]))
+            this = (jnp.arange(2) == sd)[:, None]
+            own = jnp.where(this, own_sd[None], own)
+            spill = jnp.where(this, spill_sd[None], spill)
+            local = own.sum(1) + spill[::-1].sum(1)
+            return (own, spill), (moved, local)
 
-        z2e = jnp.zeros((2, E), dt)
-        z2 = jnp.zeros((2,), dt)
-        init = (z2e, z2e, z2, z2, z2, jnp.zeros((), bool), z2e)
-        evs = (side[order], item[order], is_add[order], times[order])
-        (_, _, _, _, peak, over, moved_rec), (ev_t, ev_local) = lax.scan(step, init, evs)
-        return moved_rec, peak, over, ev_t, ev_local
+        zeros = jnp.zeros((2, G), dt)
+        ev = (ev_side, ev_index, ev_add, ev_time)
+        _, (moved_ev, local_ev) = lax.scan(step, (zeros, zeros), (ev_side, ev_group, ev_add, ev_x),
+                                           unroll=UNROLL if len(ev_time) <= 4 * UNROLL else 1)
+        live = jnp.isfinite(ev[3])
+        peak = jnp.max(jnp.where(live[:, None], local_ev, 0.0), axis=0)
+        over = jnp.any(live[:, None] & (local_ev > caps[None, :] * (1 + 1e-6)))
+        # moved of each addition back to (side, item)
+        tgt = jnp.where(ev[2], ev[0] * E + ev[1], 2 * E)
+        moved_rec = jnp.zeros((2 * E + 1,), dt).at[tgt].add(moved_ev)[: 2 * E].reshape(2, E)
+        return moved_rec, peak, over, ev[3], local_ev
 
     moved_rec, peak, over, ev_t, ev_local = jax.vmap(slot)(s_idx, b_idx, b_ok)
-    # scatter slot results back to stages (inactive slots dropped)
     tgt_a = jnp.where(active, s_idx, N)
     tgt_b = jnp.where(active & b_ok, b_idx, N)
     moved = jnp.zeros((N + 1, E), dt).at[tgt_a].set(moved_rec[:, 0]).at[tgt_b].set(moved_rec[:, 1])[:N].T
@@ -213,88 +242,84 @@ def pair_spills(finish, release, kv, cap, partner, p1, p2, num_stages):
                 event_local=ev_local[:, :, 0], event_local_partner=ev_local[:, :, 1], slot_active=active)
 
 
-def dynamic_spills(finish, release, kv, cap, p1, p2, num_stages):
-    """Spill decisions with dynamic re-matching (one scan over every stage's events).
+def dynamic_spills(finish, group_release, kv, item_group, cap, p1, p2, num_stages):
+    """Spill decisions with dynamic re-matching: one scan over every stage's events.
 
-    At each addition on stage a, stages are matched most-loaded with least-loaded
-    (by ``local / cap``); a's partner becomes its match.  If a's partner changes while
-    a has spilled KV, that KV migrates to the new partner.
+    At each addition on stage a, live stages are matched most-loaded with
+    least-loaded (by ``local / cap``) and a's partner becomes its match.  If a's
+    partner changes while a has spilled KV, that KV migrates to the new partner.
 
-    Returns the same keys as :func:`pair_spills` with ``event_time`` [2EN] and
-    ``event_local`` [2EN, N] (every stage's occupancy after each event).
+    Returns the keys of :func:`pair_spills`, with ``event_time`` [T] and
+    ``event_local`` [T, N] (every stage's occupancy after each event).
     """
     E, N = finish.shape
+    G = group_release.shape[0]
     dt = kv.dtype
-    live_stage = jnp.arange(N) < num_stages
     inf = jnp.asarray(jnp.inf, dt)
-    t_add = jnp.where(live_stage, finish, inf)
-    t_rel = jnp.where(live_stage, release, inf)
-    times = jnp.concatenate([t_rel, t_add], axis=0).reshape(-1)                        # [2E*N]
-    is_add = jnp.concatenate([jnp.zeros((E, N), bool), jnp.ones((E, N), bool)], axis=0).reshape(-1)
-    stage = jnp.broadcast_to(jnp.arange(N)[None, :], (2 * E, N)).reshape(-1)
-    item = jnp.broadcast_to(jnp.concatenate([jnp.arange(E), jnp.arange(E)])[:, None], (2 * E, N)).reshape(-1)
-    order = _event_order(times, is_add, stage, item)
+    live_stage = jnp.arange(N) < num_stages
+    holds = _holds(finish, group_release, item_group)
+    x_all = jnp.where(holds & live_stage, kv, 0.0)
+    t_add = jnp.where(live_stage, finish, inf)                                        # [E, N]
+    t_rel = jnp.where(live_stage, group_release, inf)                                 # [G, N]
+    times = jnp.concatenate([t_rel, t_add], axis=0).T.reshape(-1)                     # [N (G+E)]
+    is_add = jnp.tile(jnp.concatenate([jnp.zeros(G, bool), jnp.ones(E, bool)]), N)
+    stage = jnp.repeat(jnp.arange(N), G + E)
+    index = jnp.tile(jnp.concatenate([jnp.arange(G), jnp.arange(E)]), N)
+    order = _event_order(times, is_add, stage, index)
     capv = jnp.where(live_stage, cap, 1.0)
+    gid = jnp.arange(G)
+    sidx = jnp.arange(N)
+
+    def hosted_of(spill, partner):
+        host = (partner[:, None] == sidx[None, :]) & (partner[:, None] >= 0)         # [a, x]
+        return jnp.sum(jnp.where(host, spill.sum(1)[:, None], 0.0), axis=0)
 
     def match(local):
         u = jnp.where(live_stage, local / capv, jnp.inf)
-        rank_order = jnp.argsort(u)                     # ascending load, live stages first
-        n = num_stages
-        pos = jnp.argsort(rank_order)                   # rank of each stage
-        mate_pos = n - 1 - pos
+        rank_order = jnp.argsort(u)
+        pos = jnp.argsort(rank_order)
+        mate_pos = num_stages - 1 - pos
         mate = rank_order[jnp.clip(mate_pos, 0, N - 1)]
-        return jnp.where(live_stage & (mate_pos != pos), mate, -1)
+        return jnp.where(live_stage & (mate_pos != pos), mate, -1).astype(jnp.int32)
 
     def step(state, ev):
-        own, spill, tot_own, tot_spill, partner, peak, over, moved_rec, part_rec, mig_rec, mig_from = state
-        a, it, add, tm = ev
-        hosted = jnp.zeros((N,), dt).at[jnp.where(partner >= 0, partner, N)].add(tot_spill, mode="drop")
-        local = tot_own + hosted
-        # re-match on additions; migrate a's spilled KV if its partner changes
-        new_p = jnp.where(add, match(local)[a], partner[a])
+        own, spill, partner = state                                                   # [N, G], [N, G], [N]
+        a, idx, add, tm = ev
+        i = jnp.minimum(idx, E - 1)
+        g = jnp.where(add, item_group[i], idx)
+        onehot = gid == g
+        local = own.sum(1) + hosted_of(spill, partner)
         old_p = partner[a]
-        migrate = add & (new_p != old_p) & (tot_spill[a] > 0)
-        mig_bytes = jnp.where(migrate, tot_spill[a], 0.0)
-        # if the new partner is -1, a's spilled KV stays where it is
-        new_p = jnp.where(migrate & (new_p < 0), old_p, new_p)
-        mig_bytes = jnp.where(new_p == old_p, 0.0, mig_bytes)
-        new_p = new_p.astype(partner.dtype)
+        new_p = jnp.where(add, match(local)[a], old_p)
+        has_spill = spill[a].sum() > 0
+        new_p = jnp.where(has_spill & (new_p < 0), old_p, new_p)                     # spilled KV stays put
+        mig = jnp.where(add & has_spill & (new_p != old_p), spill[a].sum(), 0.0)
         partner = partner.at[a].set(new_p)
-        hosted = jnp.zeros((N,), dt).at[jnp.where(partner >= 0, partner, N)].add(tot_spill, mode="drop")
-        local = tot_own + hosted
-        b = new_p
-        b_ok = b >= 0
-        bs = jnp.where(b_ok, b, a)
-        holds = release[it, a] > finish[it, a]   # an item released at its own addition never holds KV
-        xv = jnp.where(add & holds, kv[it, a], 0.0)
+        local = own.sum(1) + hosted_of(spill, partner)
+        b_ok = new_p >= 0
+        bs = jnp.where(b_ok, new_p, a)
+        xv = jnp.where(add, x_all[i, a], 0.0)
         keep, moved = _decide(xv, local[a], local[bs], capv[a], capv[bs], b_ok, p1, p2)
-        rel_own = jnp.where(add, 0.0, own[it, a])
-        rel_spill = jnp.where(add, 0.0, spill[it, a])
-        own = own.at[it, a].set(jnp.where(add, keep, 0.0))
-        spill = spill.at[it, a].set(jnp.where(add, moved, 0.0))
-        tot_own = tot_own.at[a].add(jnp.where(add, keep, -rel_own))
-        tot_spill = tot_spill.at[a].add(jnp.where(add, moved, -rel_spill))
-        hosted = jnp.zeros((N,), dt).at[jnp.where(partner >= 0, partner, N)].add(tot_spill, mode="drop")
-        local = tot_own + hosted
-        live = jnp.isfinite(tm)
-        over = over | (live & jnp.any(local > capv * (1 + 1e-6)))
-        peak = jnp.where(live, jnp.maximum(peak, local), peak)
-        moved_rec = moved_rec.at[it, a].add(jnp.where(add, moved, 0.0))
-        part_rec = part_rec.at[it, a].set(jnp.where(add, partner[a], part_rec[it, a]).astype(part_rec.dtype))
-        mig_rec = mig_rec.at[it, a].add(mig_bytes)
-        mig_from = mig_from.at[it, a].set(jnp.where(mig_bytes > 0, old_p, mig_from[it, a]).astype(mig_from.dtype))
-        state = (own, spill, tot_own, tot_spill, partner, peak, over, moved_rec, part_rec, mig_rec, mig_from)
-        return state, (tm, jnp.where(live_stage, local, 0.0))
+        own_a = jnp.where(add, own[a] + jnp.where(onehot, keep, 0.0), jnp.where(onehot, 0.0, own[a]))
+        spill_a = jnp.where(add, spill[a] + jnp.where(onehot, moved, 0.0), jnp.where(onehot, 0.0, spill[a]))
+        own = own.at[a].set(own_a)
+        spill = spill.at[a].set(spill_a)
+        local = jnp.where(live_stage, own.sum(1) + hosted_of(spill, partner), 0.0)
+        return (own, spill, partner), (moved, new_p, mig, old_p, local)
 
-    zen = jnp.zeros((E, N), dt)
-    zn = jnp.zeros((N,), dt)
-    m1 = jnp.full((E, N), -1, jnp.int32)
-    init = (zen, zen, zn, zn, jnp.full((N,), -1, jnp.int32), zn, jnp.zeros((), bool), zen, m1, zen, m1)
-    evs = (stage[order], item[order], is_add[order], times[order])
-    final, (ev_t, ev_local) = lax.scan(step, init, evs)
-    _, _, _, _, _, peak, over, moved_rec, part_rec, mig_rec, mig_from = final
-    return dict(moved=moved_rec, partner_at_add=part_rec, migrate_bytes=mig_rec, migrate_from=mig_from,
-                peak=jnp.where(live_stage, peak, 0.0), overflow=over, event_time=ev_t, event_local=ev_local)
+    zeros = jnp.zeros((N, G), dt)
+    init = (zeros, zeros, jnp.full((N,), -1, jnp.int32))
+    ev = (stage[order], index[order], is_add[order], times[order])
+    _, (moved_ev, part_ev, mig_ev, from_ev, local_ev) = lax.scan(step, init, ev)
+    live = jnp.isfinite(ev[3])
+    tgt = jnp.where(ev[2] & live, ev[1] * N + ev[0], E * N)
+    rec = lambda vals, fill, dtype: jnp.full((E * N + 1,), fill, dtype).at[tgt].set(vals.astype(dtype))[: E * N].reshape(E, N)
+    moved = jnp.zeros((E * N + 1,), dt).at[tgt].add(moved_ev)[: E * N].reshape(E, N)
+    peak = jnp.max(jnp.where(live[:, None], local_ev, 0.0), axis=0)
+    overflow = jnp.any(live[:, None] & (local_ev > capv[None, :] * (1 + 1e-6)))
+    return dict(moved=moved, partner_at_add=rec(part_ev, -1, jnp.int32), migrate_bytes=rec(mig_ev, 0.0, dt),
+                migrate_from=rec(from_ev, -1, jnp.int32), peak=jnp.where(live_stage, peak, 0.0), overflow=overflow,
+                event_time=ev[3], event_local=local_ev)
 
 
 # --------------------------------------------------------------------------- costs

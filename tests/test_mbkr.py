@@ -56,14 +56,15 @@ def test_pair_spills_match_python_oracle(seed):
     rng = np.random.default_rng(seed)
     E, N = 10, 6
     finish = np.cumsum(rng.uniform(0.1, 1.0, (E, N)), axis=0) + np.arange(N) * 0.3
-    group_last = np.repeat([4, 9], 5)
-    release = finish[group_last] + rng.choice([0.0, 0.5], size=(E, N))
+    item_group = np.repeat([0, 1], 5)
+    group_release = finish[[4, 9]] + rng.choice([0.0, 0.5], size=(2, N))   # some groups outlive their last chunk
+    release = group_release[item_group]
     kv = rng.uniform(1, 10, (E, N))
     cap = rng.uniform(20, 40, N)
     p1, p2 = 0.1, 0.8
     partner = mbkr.partner_of(1, N, N, xp=np)
-    out = mbkr.pair_spills(jnp.asarray(finish), jnp.asarray(release), jnp.asarray(kv), jnp.asarray(cap),
-                           jnp.asarray(partner), p1, p2, N)
+    out = mbkr.pair_spills(jnp.asarray(finish), jnp.asarray(group_release), jnp.asarray(kv), jnp.asarray(item_group),
+                           jnp.asarray(cap), jnp.asarray(partner), p1, p2, N)
     moved = np.asarray(out["moved"])
     assert moved.sum() > 0  # the random case exercises spilling
     for a in range(N):

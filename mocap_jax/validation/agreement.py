@@ -237,10 +237,356 @@ def run_reference_agreement(configs: int = 200, seed: int = 0, dtype: str = "flo
     return out
 
 
+# --------------------------------------------------------------------------- MBKR
+
+
+#: MBKR pairing policies drawn from, with their weights.
+MBKR_PAIRINGS = ("cross-half", "none", "head-to-tail", "dynamic")
+_MBKR_PAIRING_WEIGHTS = (0.35, 0.1, 0.25, 0.3)
+#: Approximation targets of the array program's MBKR against the event-driven reference (issue 3).
+MBKR_TARGET_MEAN = 0.01
+MBKR_TARGET_MAX = 0.05
+#: Chunk-count buckets (the array program's item padding): ``k_pad -> (fewest, most)`` chunks.
+_CHUNK_BUCKETS = {4: (2, 4), 8: (5, 8), 16: (9, 16)}
+
+
+@dataclass(frozen=True)
+class MBKRAgreementConfig:
+    """One MBKR configuration, as the keyword arguments both simulators take.
+
+    Attributes:
+      model, hardware: preset names.
+      seq_len: prompt tokens per request.
+      batch: requests per batch.
+      partition: chunk sizes.
+      release, admission: KV release policy and admission mode.
+      num_batches: batches run back to back.
+      pairing, p1, p2, read_overlap: MBKR settings.
+      placement: die of each stage (the array side's searched placement, or a random map).
+      fill: the KV pressure the sequence length was drawn for (B x S x KV per token of the
+        most pressed stage over ``p2`` x its KV budget; informative only).
+      group: index of the group of configurations that share one vectorised call.
+    """
+
+    model: str
+    hardware: str
+    seq_len: int
+    batch: int
+    partition: tuple[int, ...]
+    release: str
+    admission: str
+    num_batches: int
+    pairing: str
+    p1: float
+    p2: float
+    read_overlap: float
+    placement: tuple[int, ...]
+    fill: float = 0.0
+    group: int = 0
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``simulate`` / ``reference_simulate`` (without model and hardware)."""
+        return dict(seq_len=self.seq_len, scheme="mbkr", batch=self.batch, partition=list(self.partition),
+                    chunks=len(self.partition), release=self.release, admission=self.admission,
+                    num_batches=self.num_batches, placement=list(self.placement), pairing=self.pairing,
+                    p1=self.p1, p2=self.p2, read_overlap=self.read_overlap)
+
+    def describe(self) -> str:
+        return (f"{self.model} on {self.hardware}: S={self.seq_len} mbkr B={self.batch} "
+                f"partition={list(self.partition)} release={self.release} admission={self.admission} "
+                f"num_batches={self.num_batches} pairing={self.pairing} p1={self.p1:.3f} p2={self.p2:.3f} "
+                f"read_overlap={self.read_overlap:.3f} placement={list(self.placement)}")
+
+
+def _pressure_seq_len(model, hw, n: int, batch: int, fractions: np.ndarray, fill: float, p2: float) -> int:
+    """Sequence length at which the most pressed stage's batch KV is ``fill x p2 x`` its KV budget.
+
+    The budget shrinks with S (the largest chunk's workspace), so per stage s:
+    ``B S kv[s] = fill p2 (usable - weights[s] - B c_max (kv[s] + factor hidden act))`` with
+    ``c_max = max(fractions) S``, solved for S; the smallest over the stages.
+    """
+    from .. import costs
+
+    mp = costs.ModelParams.from_spec(model, np.float64)
+    hp = costs.HardwareParams.from_spec(hw, np.float64)
+    kv = np.asarray(costs.stage_kv_bytes_per_token(mp, hp, n, n, xp=np), np.float64)
+    w = np.asarray(costs.stage_weight_bytes(mp, hp, n, n, xp=np), np.float64)
+    usable = hw.hbm_capacity * hw.usable_hbm_fraction
+    act = hw.activation_workspace_factor * model.hidden * hw.activation_bytes
+    fmax = float(fractions.max())
+    q = fill * p2
+    s_len = q * (usable - w) / (batch * (kv + q * fmax * (kv + act)))
+    return int(max(s_len.min(), 1))
+
+
+def _fraction_partition(fractions: np.ndarray, seq_len: int) -> tuple[int, ...]:
+    """Chunk sizes proportional to ``fractions`` (each at least one token), summing to ``seq_len``."""
+    m = len(fractions)
+    sizes = np.maximum(np.floor(fractions * seq_len).astype(np.int64), 1)
+    diff = seq_len - int(sizes.sum())
+    order = np.argsort(-fractions)
+    i = 0
+    while diff != 0:
+        j = order[i % m]
+        if diff > 0:
+            sizes[j] += 1
+            diff -= 1
+        elif sizes[j] > 1:
+            sizes[j] -= 1
+            diff += 1
+        i += 1
+    return tuple(int(x) for x in sizes)
+
+
+def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, models=AGREEMENT_MODELS,
+                        meshes=AGREEMENT_MESHES, pairings=MBKR_PAIRINGS, fill=(0.7, 1.8),
+                        num_batches=(1, 2), buckets=(4, 8, 16)) -> list[MBKRAgreementConfig]:
+    """``n`` random MBKR configurations in groups of ``group_size`` that share one vectorised call.
+
+    A group fixes model, mesh, pairing, thresholds, read overlap, release policy, admission,
+    number of batches, placement and chunk-count bucket; its points vary batch, chunk count,
+    partition and sequence length.  The sequence length is drawn for a KV pressure ``fill``
+    (uniform in the given range: B x S x KV per token of the most pressed stage over ``p2``
+    x its KV budget), so that many configurations spill and some do not fit at all.
+
+    Args:
+      n: configurations (the last group may be smaller).
+      seed: seed of the generator (same seed, same list).
+      group_size: points per group.
+      models, meshes, pairings: what to draw from (pairings with fixed weights when all four).
+      fill: range of the KV pressure.
+      num_batches: batch counts to draw from.
+      buckets: chunk-count buckets (4: 2-4 chunks, 8: 5-8, 16: 9-16).
+    """
+    from ..api import searched_placement
+    from ..mesh import snake_placement
+    from ..specs import get_model
+
+    rng = np.random.default_rng(seed)
+    weights = np.array([_MBKR_PAIRING_WEIGHTS[MBKR_PAIRINGS.index(p)] for p in pairings])
+    weights = weights / weights.sum()
+    out: list[MBKRAgreementConfig] = []
+    g = 0
+    while len(out) < n:
+        model = str(rng.choice(models))
+        hardware = str(rng.choice(meshes))
+        m, hw = get_model(model), get_hardware(hardware)
+        nst = hw.num_dies
+        from .. import costs
+        w = np.asarray(costs.stage_weight_bytes(costs.ModelParams.from_spec(m, np.float64),
+                                                costs.HardwareParams.from_spec(hw, np.float64), nst, nst, xp=np))
+        if nst > m.layers or w.max() > 0.8 * hw.hbm_capacity * hw.usable_hbm_fraction:
+            continue  # weights (nearly) fill a die: no room for KV
+        pairing = str(rng.choice(pairings, p=weights))
+        p1 = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.0, 0.6))
+        p2 = float(rng.uniform(max(p1, 0.5), 0.98))
+        overlap = 0.5 if rng.random() < 0.3 else float(rng.uniform(0.0, 1.0))
+        release = str(rng.choice(["stage", "request"]))
+        admission = str(rng.choice(["streaming", "synchronous"]))
+        nb = int(rng.choice(num_batches))
+        if rng.random() < 0.1:
+            placement = tuple(int(x) for x in rng.permutation(hw.num_dies))
+        elif pairing == "none":
+            placement = tuple(int(x) for x in snake_placement(hw, nst))
+        else:
+            placement = tuple(int(x) for x in searched_placement(hw, nst, pairing))
+        k_pad = int(rng.choice(buckets))
+        lo, hi = _CHUNK_BUCKETS[k_pad]
+        for _ in range(min(group_size, n - len(out))):
+            batch = int(round(2 ** rng.uniform(0, 4)))
+            chunks = int(rng.integers(lo, hi + 1))
+            if rng.random() < 0.3:
+                fractions = np.full(chunks, 1.0 / chunks)
+            else:
+                fractions = rng.dirichlet(np.full(chunks, 1.5))
+            f = float(rng.uniform(*fill))
+            seq_len = _pressure_seq_len(m, hw, nst, batch, fractions, f, p2)
+            seq_len = int(min(max(seq_len, 4 * chunks), 2 ** 30 // batch))
+            out.append(MBKRAgreementConfig(
+                model=model, hardware=hardware, seq_len=seq_len, batch=batch,
+                partition=_fraction_partition(fractions, seq_len), release=release, admission=admission,
+                num_batches=nb, pairing=pairing, p1=p1, p2=p2, read_overlap=overlap, placement=placement, fill=f,
+                group=g))
+        g += 1
+    return out
+
+
+def _mbkr_vectorised(group: list[MBKRAgreementConfig], dtype: str, group_size: int) -> dict[str, np.ndarray]:
+    """One ``simulate_batch`` call over a group (padded to ``group_size`` points: one compiled shape)."""
+    import mocap_jax
+
+    c0 = group[0]
+    pts = list(group) + [group[-1]] * (group_size - len(group))
+    width = max(len(c.partition) for c in pts)
+    part = np.zeros((len(pts), width), np.int64)
+    for i, c in enumerate(pts):
+        part[i, : len(c.partition)] = c.partition
+    from ..schedule import bucket
+
+    k_pad = bucket(width)   # what simulate() pads the group's largest chunk count to
+    out = mocap_jax.simulate_batch(
+        c0.model, c0.hardware, np.array([c.seq_len for c in pts]), "mbkr", batch=np.array([c.batch for c in pts]),
+        partition=part, release=c0.release, admission=c0.admission, num_batches=c0.num_batches,
+        placement=list(c0.placement), dtype=dtype, k_pad=k_pad, pairing=c0.pairing, p1=c0.p1, p2=c0.p2,
+        read_overlap=c0.read_overlap, block_size=group_size)
+    return {k: np.asarray(v)[: len(group)] for k, v in out.items()}
+
+
+def mbkr_errors(vec: dict[str, Any], ref) -> dict[str, Any]:
+    """Relative errors of one vectorised MBKR point against the reference.
+
+    Args:
+      vec: per-point values: ``raw_latency_s``, ``feasible``, ``peak_mem_bytes_per_stage [N]``,
+        ``kv_peak_bytes_per_stage [N]``, ``spilled_bytes``, ``blocking_s``.
+      ref: the :class:`~mocap_jax.validation.reference_mbkr.MBKRReferenceResult`.
+
+    Returns:
+      ``latency`` (batch-0 latency, compared even when a side calls the point infeasible),
+      ``peak_mem`` and ``kv_peak`` (largest over stages; peak KV relative to the largest
+      stage peak), ``feasible_match``, ``spilled`` (the reference spilled), and the
+      spilled-bytes and blocking relative differences.
+    """
+    n = len(ref.placement)
+    lat_v, lat_r = float(vec["raw_latency_s"]), float(ref.batch_latency_s)
+    pm_v = np.asarray(vec["peak_mem_bytes_per_stage"], np.float64)[:n]
+    kv_v = np.asarray(vec["kv_peak_bytes_per_stage"], np.float64)[:n]
+    kv_scale = max(float(ref.kv_peak_bytes_per_stage.max()), 1.0)
+    spill_v, spill_r = float(vec["spilled_bytes"]), float(ref.spilled_bytes)
+    block_v, block_r = float(vec["blocking_s"]), float(ref.blocking_s)
+    return dict(
+        latency=abs(lat_v - lat_r) / lat_r,
+        peak_mem=float(np.max(np.abs(pm_v - ref.peak_mem_bytes_per_stage) / ref.peak_mem_bytes_per_stage)),
+        kv_peak=float(np.max(np.abs(kv_v - ref.kv_peak_bytes_per_stage)) / kv_scale),
+        feasible_match=bool(vec["feasible"]) == bool(ref.feasible),
+        spilled=spill_r > 0,
+        spilled_rel_diff=abs(spill_v - spill_r) / max(spill_r, 1.0),
+        blocking_rel_diff=abs(block_v - block_r) / max(block_r, 1e-12) if (block_r > 0 or block_v > 0) else 0.0,
+    )
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    return (float(np.mean(values)), float(np.max(values))) if values else (0.0, 0.0)
+
+
+def run_mbkr_agreement(configs: int = 1000, seed: int = 0, dtype: str = "float64", group_size: int = 10,
+                       config_list: list[MBKRAgreementConfig] | None = None, keep_rows: bool = False,
+                       **sample_kw) -> dict[str, Any]:
+    """The array program's MBKR against the event-driven reference over random configurations.
+
+    The array side runs one :func:`mocap_jax.simulate_batch` call per group of configurations
+    (:func:`sample_mbkr_configs`), i.e. one compiled program per (stage bucket, chunk bucket,
+    batches, static/dynamic pairing); the reference
+    (:class:`~mocap_jax.validation.reference_mbkr.MBKRReferenceSimulator`) runs each one.
+    Errors are relative: batch-0 prefill latency (the timeline's, also for configurations a
+    side calls infeasible), per-stage peak memory and peak KV (the largest over stages).
+
+    Args:
+      configs: number of random configurations (ignored when ``config_list`` is given).
+      seed: seed of the configuration generator.
+      dtype: precision of the array program (``"float64"`` needs ``jax_enable_x64``).
+      group_size: configurations per vectorised call (must match how ``config_list`` is grouped).
+      config_list: explicit configurations (grouped by their ``group`` field).
+      keep_rows: also return every configuration's errors (``rows``).
+      **sample_kw: passed to :func:`sample_mbkr_configs`.
+
+    Returns:
+      A dict: ``dtype``, ``seed``, ``configs``; ``spilling_configs`` and ``spilling_share`` (the
+      reference spilled); ``infeasible_configs`` (reference); ``feasible_mismatches`` and
+      ``mismatched`` (up to 10 descriptions); ``latency_rel_err_mean``/``_max``,
+      ``peak_mem_rel_err_mean``/``_max``, ``kv_peak_rel_err_mean``/``_max`` over every
+      configuration, the same over spilling configurations (``spilling_*``) and over those both
+      sides call feasible (``feasible_*``; ``feasible_configs``, ``spilling_feasible_configs``), the largest
+      over non-spilling ones (``no_spill_max_rel_err``: these must agree exactly);
+      ``worst_latency``/``worst_peak_mem`` (descriptions); ``by_pairing``; ``target_mean``,
+      ``target_max`` and ``within_target``; ``reference_wall_s``, ``vectorised_wall_s``, ``wall_s``.
+    """
+    from .reference import reference_simulate
+
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dtype == "float64":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError("float64 agreement needs 64-bit JAX: set JAX_ENABLE_X64=1 "
+                             "or jax.config.update('jax_enable_x64', True) first")
+    t_start = time.perf_counter()
+    cfgs = config_list if config_list is not None else sample_mbkr_configs(configs, seed, group_size, **sample_kw)
+    groups: dict[int, list[MBKRAgreementConfig]] = {}
+    for c in cfgs:
+        groups.setdefault(c.group, []).append(c)
+    rows = []
+    ref_wall = vec_wall = 0.0
+    for gid, group in groups.items():
+        size = max(group_size, len(group))
+        t0 = time.perf_counter()
+        vec = _mbkr_vectorised(group, dtype, size)
+        vec_wall += time.perf_counter() - t0
+        for i, cfg in enumerate(group):
+            t1 = time.perf_counter()
+            ref = reference_simulate(cfg.model, cfg.hardware, **cfg.kwargs())
+            ref_wall += time.perf_counter() - t1
+            errs = mbkr_errors({k: v[i] for k, v in vec.items()}, ref)
+            errs.update(cfg=cfg, ref_feasible=bool(ref.feasible), vec_feasible=bool(vec["feasible"][i]))
+            rows.append(errs)
+    lat = [r["latency"] for r in rows]
+    pm = [r["peak_mem"] for r in rows]
+    kvp = [r["kv_peak"] for r in rows]
+    sp = [r for r in rows if r["spilled"]]
+    nsp = [r for r in rows if not r["spilled"]]
+    worst_lat = max(rows, key=lambda r: r["latency"]) if rows else None
+    worst_pm = max(rows, key=lambda r: r["peak_mem"]) if rows else None
+    by_pairing = {}
+    for p in MBKR_PAIRINGS:
+        rp = [r for r in rows if r["cfg"].pairing == p]
+        if not rp:
+            continue
+        lm, lx = _stats([r["latency"] for r in rp])
+        pmm, pmx = _stats([r["peak_mem"] for r in rp])
+        by_pairing[p] = dict(configs=len(rp), spilling=sum(r["spilled"] for r in rp), latency_rel_err_mean=lm,
+                             latency_rel_err_max=lx, peak_mem_rel_err_mean=pmm, peak_mem_rel_err_max=pmx,
+                             feasible_mismatches=sum(not r["feasible_match"] for r in rp))
+    lm, lx = _stats(lat)
+    pmm, pmx = _stats(pm)
+    km, kx = _stats(kvp)
+    slm, slx = _stats([r["latency"] for r in sp])
+    spm, spx = _stats([r["peak_mem"] for r in sp])
+    both = [r for r in rows if r["ref_feasible"] and r["vec_feasible"]]
+    flm, flx = _stats([r["latency"] for r in both])
+    fpm, fpx = _stats([r["peak_mem"] for r in both])
+    out = dict(
+        dtype=dtype, seed=seed, configs=len(rows), spilling_configs=len(sp),
+        spilling_share=len(sp) / len(rows) if rows else 0.0,
+        infeasible_configs=sum(not r["ref_feasible"] for r in rows),
+        feasible_mismatches=sum(not r["feasible_match"] for r in rows),
+        mismatched=[r["cfg"].describe() + f" (array feasible={r['vec_feasible']}, reference {r['ref_feasible']})"
+                    for r in rows if not r["feasible_match"]][:10],
+        latency_rel_err_mean=lm, latency_rel_err_max=lx, peak_mem_rel_err_mean=pmm, peak_mem_rel_err_max=pmx,
+        kv_peak_rel_err_mean=km, kv_peak_rel_err_max=kx,
+        spilling_latency_rel_err_mean=slm, spilling_latency_rel_err_max=slx,
+        spilling_peak_mem_rel_err_mean=spm, spilling_peak_mem_rel_err_max=spx,
+        feasible_configs=len(both), spilling_feasible_configs=sum(r["spilled"] for r in both),
+        feasible_latency_rel_err_mean=flm, feasible_latency_rel_err_max=flx,
+        feasible_peak_mem_rel_err_mean=fpm, feasible_peak_mem_rel_err_max=fpx,
+        no_spill_max_rel_err=max([max(r["latency"], r["peak_mem"]) for r in nsp], default=0.0),
+        worst_latency=worst_lat["cfg"].describe() if worst_lat else "",
+        worst_peak_mem=worst_pm["cfg"].describe() if worst_pm else "",
+        by_pairing=by_pairing, target_mean=MBKR_TARGET_MEAN, target_max=MBKR_TARGET_MAX,
+        within_target=bool(lm <= MBKR_TARGET_MEAN and lx <= MBKR_TARGET_MAX and pmm <= MBKR_TARGET_MEAN
+                           and pmx <= MBKR_TARGET_MAX),
+        reference_wall_s=ref_wall, vectorised_wall_s=vec_wall, wall_s=time.perf_counter() - t_start,
+    )
+    if keep_rows:
+        out["rows"] = rows
+    return out
+
+
 def tolerance(dtype: str) -> float:
     """The agreement the project promises: 1e-9 relative in float64, 1e-4 in float32."""
     return 1e-9 if dtype == "float64" else 1e-4
 
 
 __all__ = ["AGREEMENT_MESHES", "AGREEMENT_MODELS", "METRICS", "AgreementConfig", "AgreementReport", "compare",
-           "random_partition", "run_reference_agreement", "sample_config", "sample_configs", "tolerance"]
+           "random_partition", "run_reference_agreement", "sample_config", "sample_configs", "tolerance",
+           "MBKR_PAIRINGS", "MBKR_TARGET_MEAN", "MBKR_TARGET_MAX", "MBKRAgreementConfig", "mbkr_errors",
+           "run_mbkr_agreement", "sample_mbkr_configs"]

@@ -11,30 +11,43 @@ returns the hidden states and the chunk's new K/V (to be appended to the cache).
 No embedding and no LM head: the input is a ``[B, c, hidden]`` activation.
 
 Attention is written the way a real prefill kernel works (flash-attention
-style, online softmax in float32): the prefix is read from a preallocated cache in
-blocks of ``kv_block`` tokens by a loop whose trip count is ``ceil(p / kv_block)``
-(``p`` is a *runtime* argument, so one executable per ``(B, c)`` serves every
-prefix length), and the chunk attends to itself causally in query blocks of
-``q_block`` tokens that skip the masked upper triangle.  The work done is therefore
-``B c (p + (c + q_block) / 2)`` query-key pairs, close to the ``B c (p + (c+1)/2)``
-of §4.
+style, online softmax in float32, head-major KV cache ``[L, B, kv_heads, S, hd]``):
+the prefix is read from a preallocated cache in blocks of ``kv_block`` tokens by a
+loop whose trip count is ``ceil(p / kv_block)`` (``p`` is a *runtime* argument, so
+one executable per ``(B, c)`` serves every prefix length), and the chunk attends
+to itself causally in query blocks of ``q_block`` tokens that skip the masked upper
+triangle.  The work done is therefore ``B c (p + (c + q_block) / 2)`` query-key
+pairs, close to the ``B c (p + (c+1)/2)`` of §4.  Its output equals a plain dense
+causal forward over the whole sequence (``tests/test_calibration.py``).
 
-Each grid cell ``(c, p, B)`` is compiled once, warmed up, and then timed in
-interleaved rounds (every round visits every cell in a fresh random order, so a
-burst of load on a shared machine spreads over many cells instead of ruining
-one); a sample is the mean of ``n`` back-to-back synchronous calls
-(``block_until_ready`` after each), with ``n`` chosen so a sample lasts at least a
-few milliseconds; the cell's latency is the median of its samples.
+How it is timed
+---------------
+After compiling and two untimed calls per cell, the cells are timed in interleaved
+rounds (every round visits every cell in a fresh random order, so a burst of load
+spreads over many cells instead of ruining one); a sample is the mean of ``n``
+back-to-back synchronous calls (``block_until_ready`` after each), ``n`` chosen so
+a sample lasts at least ``min_sample_s``, preceded by one untimed call for cells
+under 50 ms (so the timed calls find caches warmed by the same cell); the cell's
+latency is the median of its samples.
+
+On a CPU (the default there) this runs in a separate process whose XLA:CPU is
+single-threaded, and the clock is that process's CPU time: the latency on one
+dedicated core.  Wall-clock timings of multi-threaded XLA on a small shared machine
+swing by 2x whenever another process takes a core; the CPU time of a
+single-threaded process does not (measured here: within a few percent while two
+busy loops competed for both cores).  The wall-clock medians are kept in the
+records.  On a GPU/TPU the measurement runs in this process by wall clock.
 
 What is fitted
 --------------
 The prediction is ``L x costs.dense_layer_time(model, hw, c, p, B, xp=numpy)`` for
 the :class:`~mocap_jax.specs.ModelSpec` of the test transformer and a
 :class:`~mocap_jax.specs.HardwareSpec` of the local device.  Its nominal
-``peak_flops`` and ``hbm_bandwidth`` are, on a CPU, measured at start-up (best of
-several big matmuls at the run's precision; best of several streaming reductions
-over a 256 MiB array); on a GPU they are the vendor's dense peak and HBM
-bandwidth for the device kind when known (measured otherwise).  The fitted
+``peak_flops`` and ``hbm_bandwidth`` are, on a CPU, measured in the same process
+(best of several 1024^3 matmuls at the run's precision and best of several
+streaming reductions over a 256 MiB array, before and after the timed rounds); on
+a GPU they are the vendor's dense peak and HBM bandwidth for the device kind when
+known (measured otherwise, and reported either way).  The fitted
 parameters are ``eff_gemm``, ``eff_attention``, ``eff_hbm`` (each in (0, 1]) and
 ``layer_overhead_s`` (>= 0), by bounded least squares on the log of
 predicted / measured (a relative error, which is what MAPE scores), from several
@@ -48,6 +61,18 @@ least-squares model ``t = a + b (Bc) + d (Bp) + e (Bc p)`` (the plain
 it when ``B = 1``), fitted on the same training cells by relative-error weighted
 least squares; the literal ``(c, p, c p)`` model, which cannot see ``B``, is also
 reported.
+
+What it shows on a 2-core CPU (AMD EPYC, float32, one XLA thread)
+-----------------------------------------------------------------
+Held-out MAPE about 4-7 % for ``small`` and ``cpu`` (15 % is the test's bound), on
+par with the linear baseline (which has one more free coefficient); the plain
+``(c, p, c p)`` fit that ignores ``B`` is off by 25-45 %.  The worst cells are the
+smallest chunks (c = 32), where XLA:CPU's fixed per-call and per-KV-block costs,
+which the roofline has no term for, dominate.  The four parameters are only
+loosely identified on a CPU (a GEMM memory branch with a low ``eff_hbm`` and the
+per-layer overhead can stand in for each other); the report gives Jacobian
+standard errors and which branches bind.  Small models' weights fit in the L3
+cache, so the "HBM" of these runs is partly cache.
 """
 
 from __future__ import annotations
@@ -102,13 +127,13 @@ SIZES: dict[str, CalibrationSize] = {
         model=_llama_like("calib-small", layers=2, hidden=512, ffn=1536, q_heads=8, kv_heads=2, head_dim=64),
         chunks=(32, 64, 128, 256), prefixes=(0, 512, 1024, 2048, 3072), batches=(1, 2),
         dtype="float32", kv_block=256, q_block=128, q_rows=512,
-        rounds=7, min_rounds=3, min_sample_s=0.01, measure_budget_s=20.0),
+        rounds=11, min_rounds=3, min_sample_s=0.01, measure_budget_s=20.0),
     "cpu": CalibrationSize(
         name="cpu",
         model=_llama_like("calib-cpu", layers=4, hidden=768, ffn=2048, q_heads=12, kv_heads=4, head_dim=64),
         chunks=(32, 64, 128, 256, 512), prefixes=(0, 1024, 2048, 4096, 8192), batches=(1, 2, 4),
         dtype="float32", kv_block=256, q_block=128, q_rows=512,
-        rounds=5, min_rounds=3, min_sample_s=0.02, measure_budget_s=150.0),
+        rounds=4, min_rounds=3, min_sample_s=0.02, measure_budget_s=120.0),
     "gpu": CalibrationSize(
         name="gpu",
         # Llama-3.1-8B blocks (hidden 4096, FFN 14336, GQA 32/8 x 128), four of them, in bf16.
@@ -121,9 +146,9 @@ SIZES: dict[str, CalibrationSize] = {
 
 # Vendor dense peaks (FLOP/s) at bf16/fp16 and HBM bandwidths (bytes/s) by JAX device_kind substring.
 _GPU_NOMINAL = (
+    ("gh200", 989e12, 4.0e12, "GH200: 989 TFLOP/s dense BF16, 4 TB/s HBM3"),  # before "h200": a substring
     ("h200", 989e12, 4.8e12, "H200 SXM: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e"),
     ("h100", 989e12, 3.35e12, "H100 SXM: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3"),
-    ("gh200", 989e12, 4.0e12, "GH200: 989 TFLOP/s dense BF16, 4 TB/s HBM3"),
     ("b200", 2.25e15, 7.7e12, "B200: 2.25 PFLOP/s dense BF16, 7.7 TB/s HBM3e"),
     ("a100", 312e12, 2.039e12, "A100 SXM 80GB: 312 TFLOP/s dense BF16, 2.039 TB/s HBM2e"),
 )
@@ -203,7 +228,7 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows:
         raise ValueError("q_block and kv_block must be positive and q_rows >= 0")
     Hq, Hkv, hd = model.q_heads, model.kv_heads, model.head_dim
     g = Hq // Hkv
-    f32 = jnp.float32
+    f32 = jnp.promote_types(dtype, jnp.float32)  # softmax statistics, norms and RoPE: at least float32
     neg = jnp.asarray(-1e30, f32)
     half = hd // 2
     inv_freq = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float64) * 2.0 / hd))
@@ -229,7 +254,9 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows:
         pv = jnp.einsum("bhrk,bhkd->bhrd", pr.astype(dtype), vb, preferred_element_type=f32)
         return m_new, l, acc * alpha[..., None] + pv
 
-    def attention(q, k, v, kc, vc, p):
+    def attention(q, k, v, kc, vc, layer, p):
+        # kc, vc: the whole [L, B, Hkv, S, hd] caches; only kv_block-token blocks of layer ``layer`` are read
+        # (slicing a layer out first would make XLA copy all S_max positions of it on every call).
         # q [B, c, Hq, hd] -> rows (token, group member) per KV head: [B, Hkv, c*g, hd]
         B, c = q.shape[:2]
         R = c * g
@@ -246,8 +273,10 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows:
 
             def prefix_step(j, st, qt=qt):
                 start = j * kv_block
-                kb = jax.lax.dynamic_slice_in_dim(kc, start, kv_block, 2)
-                vb = jax.lax.dynamic_slice_in_dim(vc, start, kv_block, 2)
+                zero = jnp.zeros((), jnp.int32)
+                at, size = (layer, zero, zero, start, zero), (1, B, Hkv, kv_block, hd)
+                kb = jax.lax.dynamic_slice(kc, at, size)[0]
+                vb = jax.lax.dynamic_slice(vc, at, size)[0]
                 return update(st, qt, kb, vb, (start + kv_pos) < p)
 
             states.append(jax.lax.fori_loop(jnp.int32(0), n_blocks, prefix_step, st0))
@@ -265,7 +294,7 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows:
         o = jnp.concatenate(outs, 2).reshape(B, Hkv, c, g, hd).transpose(0, 2, 1, 3, 4)
         return o.reshape(B, c, Hq * hd).astype(dtype)
 
-    def block(x, w, kc, vc, p):
+    def block(x, w, kc, vc, layer, p):
         B, c, _ = x.shape
         h = rmsnorm(x, w["ln1"])
         q, k, v = jnp.split(h @ w["wqkv"], [Hq * hd, (Hq + Hkv) * hd], -1)
@@ -273,14 +302,15 @@ def build_chunk_fn(model: ModelSpec, dtype, kv_block: int, q_block: int, q_rows:
         q = rope(q.reshape(B, c, Hq, hd), pos)
         k = rope(k.reshape(B, c, Hkv, hd), pos).transpose(0, 2, 1, 3)  # [B, Hkv, c, hd]
         v = v.reshape(B, c, Hkv, hd).transpose(0, 2, 1, 3)
-        x = x + attention(q, k, v, kc, vc, p) @ w["wo"]
+        x = x + attention(q, k, v, kc, vc, layer, p) @ w["wo"]
         h = rmsnorm(x, w["ln2"])
         a, b = jnp.split(h @ w["w13"], 2, -1)
         x = x + (jax.nn.silu(a) * b) @ w["w2"]
         return x, (k, v)
 
     def chunk(weights, x, k_cache, v_cache, p):
-        return jax.lax.scan(lambda x, xs: block(x, xs[0], xs[1], xs[2], p), x, (weights, k_cache, v_cache))
+        layers = jnp.arange(k_cache.shape[0], dtype=jnp.int32)
+        return jax.lax.scan(lambda x, xs: block(x, xs[0], k_cache, v_cache, xs[1], p), x, (weights, layers))
 
     return jax.jit(chunk)
 
@@ -348,8 +378,8 @@ def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measur
                 peak, bw, source = p_, b_, f"vendor nominal ({desc})"
                 break
     if source is None:
-        source = (f"measured at start-up{' (' + threads + ')' if threads else ''}: best "
-                  f"{measured['matmul_n']}^3 matmul {measured['matmul_flops'] / 1e9:.1f} GFLOP/s, best streaming "
+        source = (f"measured{' (' + threads + ')' if threads else ''}, best of runs before and after the timed "
+                  f"rounds: {measured['matmul_n']}^3 matmul {measured['matmul_flops'] / 1e9:.1f} GFLOP/s, streaming "
                   f"reduction over {measured['read_bytes'] >> 20} MiB {measured['read_bandwidth'] / 1e9:.1f} GB/s")
     hw = HardwareSpec(name=f"local-{platform}", rows=1, cols=1, topology="switch", peak_flops=float(peak),
                       hbm_capacity=80e9, hbm_bandwidth=float(bw), eff_gemm=1.0, eff_attention=1.0, eff_hbm=1.0,
@@ -378,21 +408,19 @@ def predict_chunk_times(model: ModelSpec, hw: HardwareSpec, c, p, b) -> np.ndarr
     return model.layers * np.asarray(dense_layer_time(mp, hp, c, p, b, xp=np), np.float64)
 
 
-def roofline_terms(model: ModelSpec, hw: HardwareSpec, c, p, b) -> dict[str, np.ndarray]:
-    """Per-layer compute and memory times of the GEMM and attention rooflines (for identifiability)."""
-    mp, hp = _params(model, hw)
-    c, p, b = (np.asarray(v, np.float64) for v in (c, p, b))
-    tokens = b * c
-    P = float(mp.dense_layer_params)
-    return {
-        "gemm_compute": 2 * P * tokens / (hp.peak_flops * hp.eff_gemm),
-        "gemm_memory": (P * hp.weight_bytes + 2 * tokens * mp.hidden * hp.activation_bytes)
-        / (hp.hbm_bandwidth * hp.eff_hbm),
-        "attention_compute": mp.attention_flops_per_pair * b * c * (p + (c + 1) / 2)
-        / (hp.peak_flops * hp.eff_attention),
-        "attention_memory": b * (p + c) * mp.kv_elements_per_token_layer * hp.kv_bytes
-        / (hp.hbm_bandwidth * hp.eff_hbm),
-    }
+def roofline_binding(model: ModelSpec, hw: HardwareSpec, c, p, b) -> dict[str, np.ndarray]:
+    """Which roofline branch binds at each point, found by perturbing the project's own cost function.
+
+    ``gemm_compute[i]`` is True where the GEMM time depends on ``eff_gemm`` (so its compute branch binds;
+    otherwise the memory branch does), likewise ``attention_compute`` for ``eff_attention``.
+    """
+    base = predict_chunk_times(model, hw, c, p, b)
+
+    def moved(name):
+        h = dataclasses.replace(hw, **{name: getattr(hw, name) * (1 - 1e-6)})
+        return np.abs(predict_chunk_times(model, h, c, p, b) - base) > 1e-9 * base
+
+    return {"gemm_compute": moved("eff_gemm"), "attention_compute": moved("eff_attention")}
 
 
 def mape(pred, meas) -> float:
@@ -403,7 +431,8 @@ def mape(pred, meas) -> float:
     return float(100.0 * np.mean(np.abs(pred - meas) / meas))
 
 
-def fit_cost_model(model: ModelSpec, hw: HardwareSpec, c, p, b, t, *, eff_floor: float = 1e-4) -> dict[str, Any]:
+def fit_cost_model(model: ModelSpec, hw: HardwareSpec, c, p, b, t, *, eff_floor: float = 1e-4,
+                   loss: str = "linear", f_scale: float = 0.1) -> dict[str, Any]:
     """Fit ``eff_gemm``, ``eff_attention``, ``eff_hbm`` in ``[eff_floor, 1]`` and ``layer_overhead_s >= 0``.
 
     Minimises the sum of squared ``log(predicted / measured)`` over the given points with
@@ -441,20 +470,30 @@ def fit_cost_model(model: ModelSpec, hw: HardwareSpec, c, p, b, t, *, eff_floor:
     starts = [(g, a, h, o) for g in (0.05, 0.3, 0.9) for a in (0.02, 0.2, 0.9) for h in (0.2, 0.9) for o in (0.05, 0.5)]
     for x0 in starts:
         r = least_squares(resid, np.array(x0, np.float64), bounds=(lo, hi), method="trf", x_scale=1.0,
-                          xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+                          loss=loss, f_scale=f_scale, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
         if best is None or r.cost < best.cost - 1e-15:
             best = r
     x = best.x
     fitted = {"eff_gemm": float(x[0]), "eff_attention": float(x[1]), "eff_hbm": float(x[2]),
               "layer_overhead_s": float(x[3] * ovh_unit)}
-    terms = roofline_terms(model, with_fitted(hw, fitted), c, p, b)
-    gemm_mem = terms["gemm_memory"] > terms["gemm_compute"]
-    att_mem = terms["attention_memory"] > terms["attention_compute"]
+    # Standard errors from the Jacobian (free parameters only; None at a bound or when not estimable).
+    std = dict.fromkeys(FIT_NAMES)
+    free = best.active_mask == 0
+    dof = c.size - int(free.sum())
+    if dof > 0 and free.any():
+        J = best.jac[:, free]
+        s2 = 2 * best.cost / dof
+        cov = s2 * np.linalg.pinv(J.T @ J)
+        units = np.array([1.0, 1.0, 1.0, ovh_unit])[free]
+        for name, v, u in zip(np.array(FIT_NAMES)[free], np.diag(cov), units):
+            std[str(name)] = float(np.sqrt(v) * u) if np.isfinite(v) and v >= 0 else None
+    bind = roofline_binding(model, with_fitted(hw, fitted), c, p, b)
+    gemm_mem, att_mem = ~bind["gemm_compute"], ~bind["attention_compute"]
     binding = {"gemm_compute_bound": int(np.sum(~gemm_mem)), "gemm_memory_bound": int(np.sum(gemm_mem)),
                "attention_compute_bound": int(np.sum(~att_mem)), "attention_memory_bound": int(np.sum(att_mem))}
     identified = {"eff_gemm": bool(np.any(~gemm_mem)), "eff_attention": bool(np.any(~att_mem)),
                   "eff_hbm": bool(np.any(gemm_mem) or np.any(att_mem)), "layer_overhead_s": True}
-    return {"fitted": fitted, "identified": identified, "binding": binding, "cost": float(best.cost),
+    return {"fitted": fitted, "std_error": std, "identified": identified, "binding": binding, "cost": float(best.cost),
             "rms_log_error": float(np.sqrt(2 * best.cost / c.size)), "starts": len(starts)}
 
 
@@ -801,6 +840,7 @@ def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_pat
             "coefficients": coef.tolist(),
             "unscaled_model": "t = a + b1*c + b2*p + b3*c*p (ignores B)", "unscaled_coefficients": coef_u.tolist()},
         "fitted": fit["fitted"],
+        "fitted_std_error": fit["std_error"],
         "identified": fit["identified"],
         "binding_train": fit["binding"],
         "fit_rms_log_error": fit["rms_log_error"],
@@ -847,7 +887,8 @@ def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_pat
 
 
 def plot_calibration(report: dict, path) -> Path:
-    """Predicted vs measured per-chunk latency (log-log), train and held-out cells, y = x, fit in the legend."""
+    """Predicted vs measured per-chunk latency (log-log): train and held-out cells, the linear baseline on the
+    held-out cells, y = x and a +-15 % band; fitted parameters and MAPEs in the legend."""
     from matplotlib.figure import Figure
 
     recs = report["records"]
@@ -855,27 +896,27 @@ def plot_calibration(report: dict, path) -> Path:
     pred = np.array([r["predicted_s"] for r in recs]) * 1e3
     base = np.array([r["baseline_linear_s"] for r in recs]) * 1e3
     test = np.array([r["split"] == "test" for r in recs])
-    batch = np.array([r["batch"] for r in recs])
 
-    fig = Figure(figsize=(7.0, 6.2), layout="constrained")
+    fig = Figure(figsize=(7.0, 6.4), layout="constrained")
     ax = fig.add_subplot()
-    lo = min(meas.min(), pred.min()) / 1.5
-    hi = max(meas.max(), pred.max()) * 1.5
-    ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--", label="y = x")
-    for f in (0.85, 1.15):
-        ax.plot([lo, hi], [lo * f, hi * f], color="0.7", lw=0.8, ls=":")
+    lo = min(meas.min(), pred.min(), base[test].min() if test.any() else np.inf) / 1.4
+    hi = max(meas.max(), pred.max()) * 1.4
+    lo = max(lo, hi * 1e-6)
+    ax.plot([lo, hi], [lo, hi], color="0.25", lw=1, ls="--", label="y = x")
+    ax.plot([lo, hi], [lo * 1.15, hi * 1.15], color="0.6", lw=0.8, ls=":", label="±15 %")
+    ax.plot([lo, hi], [lo * 0.85, hi * 0.85], color="0.6", lw=0.8, ls=":")
     f = report["fitted"]
-    ax.scatter(meas[~test], pred[~test], marker="o", s=28, facecolors="none", edgecolors="tab:blue",
-               label=f"cost model, train ({(~test).sum()} cells, MAPE {report['train_mape']:.1f}%)")
-    sc = ax.scatter(meas[test], pred[test], marker="^", s=40, c=np.log2(batch[test]), cmap="viridis",
-                    edgecolors="k", linewidths=0.4,
-                    label=f"cost model, held out ({test.sum()} cells, MAPE {report['calibration_mape']:.1f}%)")
-    ax.scatter(meas[test], base[test], marker="x", s=22, color="tab:red", alpha=0.6,
-               label=f"linear baseline, held out (MAPE {report['baseline_linear_mape']:.1f}%)")
-    ax.plot([], [], " ", label=(f"fit: eff_gemm {f['eff_gemm']:.3f}, eff_attn {f['eff_attention']:.3f},\n"
-                                f"eff_hbm {f['eff_hbm']:.3f}"
-                                f"{'' if report['identified'].get('eff_hbm', True) else ' (not identified)'}, "
-                                f"overhead {f['layer_overhead_s'] * 1e6:.0f} us/layer"))
+    ident = report.get("identified", {})
+    ax.scatter(meas[~test], pred[~test], marker="o", s=30, facecolors="none", edgecolors="tab:blue",
+               label=f"cost model, train ({int((~test).sum())} cells, MAPE {report['train_mape']:.1f} %)")
+    ax.scatter(meas[test], pred[test], marker="^", s=42, color="tab:orange", edgecolors="k", linewidths=0.4,
+               label=f"cost model, held out ({int(test.sum())} cells, MAPE {report['calibration_mape']:.1f} %)")
+    ax.scatter(meas[test], base[test], marker="x", s=24, color="tab:red", alpha=0.7,
+               label=f"linear baseline, held out (MAPE {report['baseline_linear_mape']:.1f} %)")
+    hbm_note = "" if ident.get("eff_hbm", True) else " (not identified)"
+    ax.plot([], [], " ", label=(f"fitted: eff_gemm {f['eff_gemm']:.3f}, eff_attention {f['eff_attention']:.3f},\n"
+                                f"eff_hbm {f['eff_hbm']:.3f}{hbm_note}, "
+                                f"overhead {f['layer_overhead_s'] * 1e6:.0f} µs/layer"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -884,13 +925,15 @@ def plot_calibration(report: dict, path) -> Path:
     ax.set_ylabel("predicted per-chunk latency (ms)")
     m = report["model"]
     hw = report["hardware_nominal"]
-    ax.set_title(f"§4 cost model vs {report['device']} ({report['dtype']}), size {report['size']}\n"
+    clock = report.get("measurement", {}).get("clock", "wall")
+    ax.set_title(f"§4 cost model vs measured chunked prefill: {report['device']} ({report['dtype']}, "
+                 f"{'CPU-time clock, 1 thread' if clock == 'cpu' else 'wall clock'}), size {report['size']}\n"
                  f"{m['layers']} layers, hidden {m['hidden']}, GQA {m['q_heads']}/{m['kv_heads']}x{m['head_dim']}; "
-                 f"peak {hw['peak_flops'] / 1e9:.0f} GFLOP/s, {hw['hbm_bandwidth'] / 1e9:.0f} GB/s nominal",
-                 fontsize=9)
-    if len(set(batch[test].tolist())) > 1:
-        cb = fig.colorbar(sc, ax=ax, pad=0.01)
-        cb.set_label("log2 batch (held-out markers)")
+                 f"nominal {hw['peak_flops'] / 1e9:.0f} GFLOP/s, {hw['hbm_bandwidth'] / 1e9:.0f} GB/s; "
+                 f"c {min(report['grid']['chunk_sizes'])}-{max(report['grid']['chunk_sizes'])}, "
+                 f"p {min(report['grid']['prefix_lengths'])}-{max(report['grid']['prefix_lengths'])}, "
+                 f"B {min(report['grid']['batch_sizes'])}-{max(report['grid']['batch_sizes'])}",
+                 fontsize=8.5)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="upper left", fontsize=8)
     path = Path(path)
@@ -901,7 +944,7 @@ def plot_calibration(report: dict, path) -> Path:
 
 __all__ = [
     "CalibrationSize", "SIZES", "run_calibration", "plot_calibration", "fit_cost_model", "fit_linear_baseline",
-    "predict_linear_baseline", "predict_chunk_times", "roofline_terms", "mape", "split_cells", "nominal_hardware",
+    "predict_linear_baseline", "predict_chunk_times", "roofline_binding", "mape", "split_cells", "nominal_hardware",
     "measure_device_peaks", "build_chunk_fn", "init_weights", "with_fitted",
 ]
 

@@ -22,8 +22,8 @@ def register(subparsers, bench_subparsers=None) -> None:
         description=(
             "Run chunked prefill of a small Llama-style transformer (random weights, GQA attention over a KV "
             "cache, SwiGLU MLP) with JAX on the local device for a grid of (chunk size, prefix length, batch), "
-            "fit the efficiencies and per-layer overhead of the §4 roofline cost model on a seeded random 60%% "
-            "of the cells, and report its MAPE on the other 40%% next to a linear least-squares baseline. On a "
+            "fit the efficiencies and per-layer overhead of the §4 roofline cost model on a seeded random 60% "
+            "of the cells, and report its MAPE on the other 40% next to a linear least-squares baseline. On a "
             "CPU the timings come from a separate single-threaded process, by its CPU clock (latency on one "
             "dedicated core, robust to other load on the machine)."),
     )

@@ -42,10 +42,10 @@ from .. import costs
 from ..mesh import link_bandwidth, snake_placement, xy_route
 from ..specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
-#: Schemes the reference implements (MBKR and its combinations come later).
-SCHEMES = ("terapipe", "gpipe")
+#: Schemes the reference implements (``mbkr``: :mod:`mocap_jax.validation.reference_mbkr`).
+SCHEMES = ("terapipe", "gpipe", "mbkr")
 #: Chunked schemes: items are token chunks of every request of the batch.
-CHUNKED_SCHEMES = ("terapipe",)
+CHUNKED_SCHEMES = ("terapipe", "mbkr")
 RELEASE_POLICIES = ("stage", "request")
 ADMISSION_MODES = ("streaming", "synchronous")
 
@@ -177,6 +177,19 @@ class StageHBM:
         nbytes = self.held.pop(key)
         self.freed_bytes += nbytes
         self._record(key, -nbytes)
+        return nbytes
+
+    def move(self, key: tuple[int, int], other: "StageHBM") -> float:
+        """Move the block under ``key`` to ``other`` (an MBKR migration); returns its bytes.
+
+        Neither ledger counts the move as KV produced or freed.
+        """
+        nbytes = self.held.pop(key)
+        self._record(key, -nbytes)
+        if key in other.held:
+            raise RuntimeError(f"stage {other.stage}: KV block {key} moved in twice")
+        other.held[key] = nbytes
+        other._record(key, nbytes)
         return nbytes
 
     def withdraw_items(self, owner: int, items: Sequence[int]) -> float:
@@ -387,6 +400,7 @@ class ReferenceSimulator:
         hp = costs.HardwareParams.from_spec(hw, np.float64)
         layout = costs.StageLayout.from_placement(hw, self.placement, dtype=np.float64)
         layout = dataclasses.replace(layout, handoff_bandwidth=self.links.shared_bandwidth())
+        self.model_params, self.hw_params, self.layout = mp, hp, layout
         c = np.array([it.tokens for it in items], np.float64)
         p = np.array([it.prefix for it in items], np.float64)
         b = np.array([it.requests for it in items], np.float64)
@@ -505,14 +519,16 @@ def _positive_int(name: str, v: Any) -> int:
 
 def reference_simulate(model, hardware, seq_len, scheme: str = "terapipe", chunks: int = 16, batch: int = 1,
                        partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 1,
-                       microbatch: int = 1, placement=None) -> ReferenceResult:
+                       microbatch: int = 1, placement=None, pairing: str = "cross-half", p1: float = 0.0,
+                       p2: float = 0.85, read_overlap: float = 0.5) -> ReferenceResult:
     """Simulate one configuration event by event (docs/semantics.md).
 
     Args:
       model: preset name, spec file path or :class:`ModelSpec`.
       hardware: preset name (any ``mocap-RxC``), spec file path or :class:`HardwareSpec`.
       seq_len: prompt tokens S per request.
-      scheme: ``"terapipe"`` (chunked) or ``"gpipe"``.
+      scheme: ``"terapipe"`` (chunked), ``"gpipe"`` or ``"mbkr"`` (chunked with memory-balanced KV
+        reallocation, :mod:`mocap_jax.validation.reference_mbkr`).
       chunks: M, chunks of the uniform partition when ``partition`` is None.
       batch: requests B per batch.
       partition: chunk sizes ``[M]`` (positive ints summing to S); chunked schemes only.
@@ -520,10 +536,16 @@ def reference_simulate(model, hardware, seq_len, scheme: str = "terapipe", chunk
       admission: ``"streaming"`` or ``"synchronous"``.
       num_batches: identical batches run back to back.
       microbatch: requests per gpipe microbatch.
-      placement: ``[N]`` die of each stage (distinct); default the snake order over every die.
+      placement: ``[N]`` die of each stage (distinct); default the snake order over every die (also
+        for ``mbkr``: the reference searches no placement; pass the array side's searched one to compare).
+      pairing: MBKR pairing policy, ``"cross-half"``, ``"none"``, ``"head-to-tail"`` or ``"dynamic"``
+        (``mbkr`` only, like ``p1``, ``p2`` and ``read_overlap``).
+      p1, p2: MBKR role thresholds, fractions of a stage's KV budget (``0 <= p1 <= p2 <= 1``).
+      read_overlap: fraction of a debtor item's local attention time that hides its remote read.
 
     Returns:
-      A :class:`ReferenceResult`.
+      A :class:`ReferenceResult` (an :class:`~mocap_jax.validation.reference_mbkr.MBKRReferenceResult`
+      for ``mbkr``).
 
     Raises:
       ValueError: on any bad argument (before anything is simulated).
@@ -562,6 +584,12 @@ def reference_simulate(model, hardware, seq_len, scheme: str = "terapipe", chunk
     if len(set(placement.tolist())) != placement.size or placement.min() < 0 or placement.max() >= hw.num_dies:
         raise ValueError(f"placement must list distinct dies in [0, {hw.num_dies}), got {placement.tolist()}")
     items = build_items(scheme, seq_len, batch, chunks, partition, microbatch, num_batches)
+    if scheme == "mbkr":
+        from .reference_mbkr import MBKRReferenceSimulator, check_mbkr_settings
+
+        check_mbkr_settings(pairing, p1, p2, read_overlap)
+        return MBKRReferenceSimulator(m, hw, items, placement, release, admission, pairing=pairing, p1=float(p1),
+                                      p2=float(p2), read_overlap=float(read_overlap)).run()
     return ReferenceSimulator(m, hw, items, placement, release, admission).run()
 
 

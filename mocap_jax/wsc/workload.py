@@ -267,4 +267,406 @@ class WorkloadParams:
                               output=np.asarray(w.output_tokens, dtype), weight=np.asarray(w.weights, dtype))
 
 
-__all__ = ["WorkloadSpec", "WorkloadParams", "WORKLOAD_PRESETS", "get_workload", "summarise_lengths"]
+
+
+# =========================================================================== request traces (part 2)
+#
+# A *trace* is a list of requests (arrival time, prompt and output length), the input of the
+# serving simulation (:mod:`mocap_jax.wsc.serving`).  Real traces come from Azure-format CSV files
+# (:func:`load_azure_trace`); the embedded default is synthetic (:func:`synthetic_trace`): Poisson
+# arrivals with lengths drawn from distributions fitted to the Azure traces (:class:`LengthFit`).
+
+AZURE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
+WORKLOAD_ALIASES = {"code": "azure-code", "conv": "azure-conv", "conversation": "azure-conv",
+                    "azure-conversation": "azure-conv"}
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Requests sorted by arrival (stable: requests sharing a time keep their order).
+
+    Attributes:
+      name: source name (preset or file stem).
+      arrival_s: ``[N]`` float64 arrival times, seconds (the first request at or after 0).
+      prompt_tokens: ``[N]`` int64 prompt lengths, tokens (>= 1).
+      output_tokens: ``[N]`` int64 output lengths, tokens (>= 1; the first comes from the prefill).
+    """
+
+    name: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self):
+        a = np.asarray(self.arrival_s, dtype=np.float64)
+        p = np.asarray(self.prompt_tokens)
+        o = np.asarray(self.output_tokens)
+        if a.ndim != 1 or a.size == 0 or p.shape != a.shape or o.shape != a.shape:
+            raise SpecError(f"trace {self.name!r}: arrival_s, prompt_tokens and output_tokens need the same "
+                            f"non-zero length, got {a.shape}, {p.shape}, {o.shape}")
+        if not np.all(np.isfinite(a)) or np.any(a < 0):
+            raise SpecError(f"trace {self.name!r}: arrival times must be finite and >= 0 seconds")
+        for label, x in (("prompt_tokens", p), ("output_tokens", o)):
+            if not np.all(np.isfinite(x)) or np.any(x < 1) or np.any(np.asarray(x, float) != np.rint(x)):
+                raise SpecError(f"trace {self.name!r}: {label} must be whole numbers >= 1")
+        order = np.argsort(a, kind="stable")
+        object.__setattr__(self, "arrival_s", a[order])
+        object.__setattr__(self, "prompt_tokens", np.asarray(p, np.int64)[order])
+        object.__setattr__(self, "output_tokens", np.asarray(o, np.int64)[order])
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+    @property
+    def span_s(self) -> float:
+        """Last minus first arrival, seconds."""
+        return float(self.arrival_s[-1] - self.arrival_s[0])
+
+    @property
+    def rate(self) -> float:
+        """Mean arrival rate ``N / span``, requests/s (inf when every request arrives at once)."""
+        return len(self) / self.span_s if self.span_s > 0 else math.inf
+
+    def with_rate(self, rate: float) -> "Trace":
+        """The same requests with inter-arrival times rescaled so that :attr:`rate` is ``rate`` req/s."""
+        _check_rate(rate)
+        if not self.span_s > 0:
+            raise SpecError(f"trace {self.name!r}: every request arrives at the same time; its rate cannot be scaled")
+        a0 = self.arrival_s[0]
+        scaled = a0 + (self.arrival_s - a0) * (self.rate / float(rate))
+        return Trace(self.name, scaled, self.prompt_tokens, self.output_tokens)
+
+    def head(self, n: int) -> "Trace":
+        """The first ``n`` requests (all if ``n`` is larger)."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"the number of requests must be a positive integer, got {n!r}")
+        return Trace(self.name, self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n])
+
+    def shifted(self) -> "Trace":
+        """The same trace with the first arrival at t = 0."""
+        return Trace(self.name, self.arrival_s - self.arrival_s[0], self.prompt_tokens, self.output_tokens)
+
+    def to_workload(self, prompt_bins: int = DEFAULT_PROMPT_BINS,
+                    output_cuts: tuple[float, ...] = DEFAULT_OUTPUT_CUTS) -> WorkloadSpec:
+        """The part-1 summary (rate + representative points) of this trace."""
+        pts = summarise_lengths(self.prompt_tokens, self.output_tokens, prompt_bins, output_cuts)
+        rate = self.rate if math.isfinite(self.rate) else 1.0
+        return WorkloadSpec(self.name, rate, *pts)
+
+    def summary(self) -> dict[str, Any]:
+        p, o = self.prompt_tokens, self.output_tokens
+        return {"name": self.name, "requests": len(self), "span_s": self.span_s, "rate_rps": self.rate,
+                "prompt_mean": float(p.mean()), "prompt_median": float(np.median(p)), "prompt_max": int(p.max()),
+                "output_mean": float(o.mean()), "output_median": float(np.median(o)), "output_max": int(o.max()),
+                "shared_timestamps": int(np.sum(np.diff(self.arrival_s) == 0))}
+
+
+def _check_rate(rate) -> None:
+    if not isinstance(rate, (int, float, np.floating, np.integer)) or isinstance(rate, bool) \
+            or not math.isfinite(float(rate)) or not float(rate) > 0:
+        raise SpecError(f"rate must be a positive number of requests/s, got {rate!r}")
+
+
+def parse_timestamp(stamp: str) -> float:
+    """Seconds from an Azure ``arrival_timestamp``.
+
+    Accepts ``MM:SS.s`` (minutes and seconds within the hour, as in the circulated copies),
+    ``HH:MM:SS.s``, plain seconds, or an ISO date-time (``2023-11-16 18:15:46.6543``, the
+    originals; returned as seconds since the epoch, naive times read as UTC).
+
+    Raises:
+      ValueError: anything else (the message quotes the stamp).
+    """
+    s = stamp.strip()
+    if not s:
+        raise ValueError("empty arrival_timestamp")
+    if "-" in s[1:] and (" " in s or "T" in s):
+        from datetime import datetime, timezone
+
+        try:
+            dt = datetime.fromisoformat(s)
+        except ValueError:
+            raise ValueError(f"bad arrival_timestamp {stamp!r} (not an ISO date-time)") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.timestamp()
+    parts = s.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"bad arrival_timestamp {stamp!r} (expected MM:SS.s, HH:MM:SS.s or seconds)")
+    try:
+        nums = [float(x) for x in parts]
+    except ValueError:
+        raise ValueError(f"bad arrival_timestamp {stamp!r} (expected MM:SS.s, HH:MM:SS.s or seconds)") from None
+    if any(not math.isfinite(x) or x < 0 for x in nums):
+        raise ValueError(f"bad arrival_timestamp {stamp!r} (fields must be non-negative numbers)")
+    if len(nums) > 1 and (nums[-1] >= 60 or any(x != int(x) for x in nums[:-1])
+                          or (len(nums) == 3 and nums[1] >= 60)):
+        raise ValueError(f"bad arrival_timestamp {stamp!r} (minutes and seconds must be < 60, "
+                         f"hours and minutes whole)")
+    total = 0.0
+    for x in nums:
+        total = total * 60 + x
+    return total
+
+
+def _whole(text: str, column: str, minimum: int) -> int:
+    t = text.strip()
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"{column} {text!r} is not a number") from None
+    if not math.isfinite(v) or v != int(v):
+        raise ValueError(f"{column} {text!r} is not a whole number of tokens")
+    if v < minimum:
+        raise ValueError(f"{column} {text!r} must be >= {minimum}")
+    return int(v)
+
+
+def load_azure_trace(path: "str | Path", name: str | None = None) -> Trace:
+    """Read an Azure LLM inference trace CSV (``arrival_timestamp,prompt_size,token_size,...``).
+
+    Handles the quirks of the circulated copies: a UTF-8 byte-order mark, CRLF line ends,
+    ``MM:SS.s`` timestamps (see :func:`parse_timestamp`), several requests per timestamp.
+    Extra columns are ignored; blank lines are skipped; times are made relative to the
+    earliest request; rows out of order are sorted stably.  ``token_size`` 0 is read as
+    one output token (the prefill always emits the first token).
+
+    Args:
+      path: the CSV file.
+      name: trace name (default: the file stem).
+
+    Returns:
+      The :class:`Trace`.
+
+    Raises:
+      SpecError (a ValueError): unreadable file, missing columns, or a malformed row (the
+        message names the file and its line number).
+    """
+    path = Path(path)
+    label = str(path)
+    try:
+        fh = path.open(encoding="utf-8-sig", newline="")
+    except OSError as e:
+        raise SpecError(f"cannot read trace {label!r}: {e.strerror or e}") from None
+    times: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    with fh:
+        reader = csv.reader(fh)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise SpecError(f"trace {label!r} is empty; expected a header line with columns "
+                            f"{', '.join(AZURE_COLUMNS)}") from None
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise SpecError(f"{label}:1: cannot parse the header ({e})") from None
+        cols = [h.strip().lower() for h in header]
+        missing = [c for c in AZURE_COLUMNS if c not in cols]
+        if missing:
+            raise SpecError(f"{label}:1: the header lacks column(s) {', '.join(missing)}; an Azure LLM inference "
+                            f"trace has {', '.join(AZURE_COLUMNS)}, ... (got {', '.join(cols) or 'nothing'})")
+        it, ip, io = (cols.index(c) for c in AZURE_COLUMNS)
+        width = len(cols)
+        try:
+            for row in reader:
+                line = reader.line_num
+                if not row or all(not x.strip() for x in row):
+                    continue
+                if len(row) != width:
+                    raise SpecError(f"{label}:{line}: expected {width} comma-separated fields, got {len(row)} "
+                                    f"({','.join(row)!r})")
+                try:
+                    t = parse_timestamp(row[it])
+                    p = _whole(row[ip], "prompt_size", 1)
+                    o = _whole(row[io], "token_size", 0)
+                except ValueError as e:
+                    raise SpecError(f"{label}:{line}: {e}") from None
+                times.append(t)
+                prompts.append(p)
+                outputs.append(max(o, 1))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise SpecError(f"{label}:{reader.line_num}: cannot parse the row ({e})") from None
+    if not times:
+        raise SpecError(f"trace {label!r} has a header but no requests")
+    a = np.asarray(times, dtype=np.float64)
+    return Trace(name or path.stem, a - a.min(), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64))
+
+
+# --------------------------------------------------------------------------- fitted length distributions
+
+FIT_PROBS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75,
+             0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
+FIT_PROMPT_BINS = 8
+
+
+@dataclass(frozen=True)
+class LengthFit:
+    """A fitted joint distribution of (prompt, output) lengths.
+
+    Prompt lengths follow the quantile function ``prompt_q`` (knots at ``probs``,
+    interpolated linearly in log-length); given a prompt at quantile level ``u``, the
+    output follows the quantile function of prompt bin ``floor(u x bins)``
+    (``output_q[bin]``): the requests sorted by prompt are cut into ``bins`` equal-count
+    bins, each with its own output quantiles, which keeps their dependence.
+
+    Attributes:
+      probs: ``[K]`` quantile levels, increasing from 0 to 1.
+      prompt_q: ``[K]`` prompt length at each level, tokens.
+      output_q: ``[bins][K]`` output length at each level, per prompt bin, tokens.
+    """
+
+    probs: tuple[float, ...]
+    prompt_q: tuple[float, ...]
+    output_q: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self):
+        k = len(self.probs)
+        pr = np.asarray(self.probs, float)
+        if k < 2 or pr[0] != 0 or pr[-1] != 1 or np.any(np.diff(pr) <= 0):
+            raise SpecError("LengthFit: probs must increase from 0 to 1")
+        if len(self.prompt_q) != k or not self.output_q or any(len(q) != k for q in self.output_q):
+            raise SpecError("LengthFit: prompt_q and every output_q row need one value per prob")
+        for q in (self.prompt_q, *self.output_q):
+            q = np.asarray(q, float)
+            if np.any(q < 1) or np.any(np.diff(q) < 0):
+                raise SpecError("LengthFit: quantiles must be >= 1 token and non-decreasing")
+
+    @staticmethod
+    def fit(prompt, output, probs: tuple[float, ...] = FIT_PROBS, bins: int = FIT_PROMPT_BINS) -> "LengthFit":
+        """Fit to observed lengths (``[N]`` each, N >= bins)."""
+        p = np.asarray(prompt, float)
+        o = np.asarray(output, float)
+        if p.shape != o.shape or p.ndim != 1 or p.size < bins:
+            raise SpecError(f"LengthFit.fit: need two equal-length 1-D arrays with at least {bins} requests")
+        groups = np.array_split(np.argsort(p, kind="stable"), bins)
+        rnd = lambda q: tuple(round(float(x), 1) for x in q)
+        return LengthFit(tuple(probs), rnd(np.quantile(p, probs)),
+                         tuple(rnd(np.quantile(o[g], probs)) for g in groups))
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` (prompt ``[n]``, output ``[n]``) int64 length pairs."""
+        pr = np.asarray(self.probs)
+        up, uo = rng.random(n), rng.random(n)
+        prompt = np.exp(np.interp(up, pr, np.log(np.asarray(self.prompt_q))))
+        bins = len(self.output_q)
+        b = np.minimum((up * bins).astype(np.int64), bins - 1)
+        logq = np.log(np.asarray(self.output_q))
+        output = np.empty(n)
+        for k in range(bins):
+            m = b == k
+            output[m] = np.exp(np.interp(uo[m], pr, logq[k]))
+        return (np.maximum(1, np.rint(prompt)).astype(np.int64), np.maximum(1, np.rint(output)).astype(np.int64))
+
+    def moments(self, n: int = 200_000, seed: int = 0) -> dict[str, float]:
+        """Monte-Carlo mean prompt / output and E[prompt x output] (tokens)."""
+        p, o = self.sample(n, np.random.default_rng(seed))
+        return {"mean_prompt": float(p.mean()), "mean_output": float(o.mean()), "mean_prompt_x_output": float((p * o).mean())}
+
+
+# Generated by LengthFit.fit(<shared/data/azure-llm-inference-2023/*.csv>) with the defaults (27 quantile
+# levels, 8 prompt bins); tests re-fit them when the traces are present.
+LENGTH_FITS: dict[str, LengthFit] = {
+    "azure-code": LengthFit(FIT_PROBS,
+        (3, 17, 35, 75, 147, 232, 385.6, 578, 770, 938.6, 1075, 1261.1, 1469, 1690, 1909, 2163.7, 2433, 2744.5, 3192.4, 3920.2, 5187.6, 7303.3, 7436, 7436, 7436, 7437, 7437),
+        (
+            (6, 6, 6, 6, 7, 8, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21, 24.6, 32, 47.8, 73, 125.8, 210.9, 395, 1225.8, 1899),
+            (6, 6, 6, 6, 7, 8, 9, 9, 10, 11, 12, 13, 14, 16, 17, 20, 24, 28, 34, 47.7, 65.8, 108.9, 196, 252.9, 280.9, 331.6, 592),
+            (6, 6, 6, 6, 7, 7, 8, 9, 9, 10, 11, 12, 13, 14, 16, 18, 20, 24, 29, 40, 61, 92.8, 166.9, 263.8, 326.7, 634, 841),
+            (6, 6, 6, 6, 7, 7.2, 8, 9, 9, 10, 11, 12, 13, 14, 15, 17, 19, 22, 26, 33, 46, 71.9, 128, 172, 237.9, 314.1, 824),
+            (6, 6, 6, 6, 7, 8, 8, 9, 9, 10, 11, 12, 13, 15, 16, 19, 22, 27, 34, 47.7, 64, 98.9, 189.9, 263, 386.5, 811.6, 871),
+            (6, 6, 6, 6, 7, 7, 8, 8, 9, 10, 11, 12, 12, 13, 14, 15, 18, 21, 26, 34, 46.9, 76, 144.8, 218.8, 316.2, 827.1, 940),
+            (6, 6, 6, 6, 7, 7, 8, 9, 9, 10, 11, 11.4, 12.5, 14, 15, 17, 19, 22.8, 27, 37, 58, 114.9, 217.7, 378.6, 595.4, 890.3, 928),
+            (6, 6, 6, 6, 7, 8, 9, 9, 10, 11, 12, 12, 13, 14, 16, 18, 21, 25, 31, 41, 55.9, 91, 139, 202, 306, 539.4, 697),
+        )),
+    "azure-conv": LengthFit(FIT_PROBS,
+        (2, 29, 91, 181, 207, 372, 387, 396, 403, 414, 703, 984, 1020, 1045, 1071, 1097, 1130, 1189, 1315, 1875.4, 2732.8, 4083, 4098, 4142, 4830.2, 6101.6, 7930),
+        (
+            (11, 12, 12, 16, 65, 80, 93, 105, 116, 129, 138, 152, 161, 162, 167, 175, 181, 186, 202, 217, 217, 217, 247.2, 279.4, 334.6, 1000, 1000),
+            (7, 14, 14, 18, 18, 52, 59, 63, 67, 72, 75, 79, 82, 85, 88, 90, 93, 96, 100, 105, 112, 127, 145, 156.6, 172.9, 285.6, 436),
+            (25, 64, 71, 79, 83, 86, 88, 90, 92, 94, 95, 97, 99, 101, 104, 107, 110, 115, 122, 130, 140, 150, 169, 181.8, 193.7, 200, 200),
+            (10, 36.2, 42.4, 56, 78, 86, 91, 97, 104, 115, 137, 375, 387, 393, 395, 398, 403, 411, 415, 426, 438, 482, 567.4, 603.6, 622, 703.1, 921),
+            (33, 56.2, 81, 371, 378, 386, 391, 394, 396, 397, 399, 402, 407, 411, 414, 416, 422, 429, 433, 446, 483, 551, 622.6, 667, 939, 977.7, 1000),
+            (28, 45, 54.4, 95, 375, 382, 388, 393, 395, 396, 398, 401, 405, 411, 414, 418, 423, 428, 434, 451, 501, 565, 623.9, 660.6, 904.4, 996.6, 1000),
+            (15, 36, 42, 48, 55, 66, 73.8, 82, 89, 97, 107, 121, 134, 145, 158, 174, 192, 210, 261, 396, 407, 428, 501, 593.6, 615.5, 916.7, 954),
+            (17, 26.2, 27, 31, 36, 39, 42, 46, 48, 51, 55, 59, 64, 69, 74, 81, 88, 98, 109, 121.2, 138, 158, 195.5, 240.6, 336, 610.5, 757),
+        )),
+}
+
+
+def resolve_workload_name(name: str) -> str:
+    """Canonical preset name (``code`` -> ``azure-code``, ...).
+
+    Raises:
+      SpecError: unknown name (with close matches).
+    """
+    key = str(name).strip().lower()
+    key = WORKLOAD_ALIASES.get(key, key)
+    if key in LENGTH_FITS:
+        return key
+    names = sorted(set(LENGTH_FITS) | set(WORKLOAD_ALIASES))
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise SpecError(f"unknown workload {str(name)!r}.{hint} Presets: {', '.join(sorted(LENGTH_FITS))} "
+                    f"(aliases {', '.join(sorted(WORKLOAD_ALIASES))}), or an Azure-format trace .csv path.")
+
+
+def synthetic_trace(workload: str = "azure-conv", requests: int = 1000, rate: float | None = None,
+                    seed: int = 0) -> Trace:
+    """The embedded default workload: Poisson arrivals, lengths from the fitted distribution.
+
+    Args:
+      workload: preset (``azure-code``, ``azure-conv`` or an alias).
+      requests: number of requests N.
+      rate: arrival rate, requests/s (default: the Azure trace's rate).
+      seed: PRNG seed (the same seed gives the same trace).
+
+    Returns:
+      A :class:`Trace` whose first request arrives after one exponential gap.
+    """
+    name = resolve_workload_name(workload)
+    rate = WORKLOAD_PRESETS[name].rate if rate is None else rate
+    _check_rate(rate)
+    if not isinstance(requests, (int, np.integer)) or isinstance(requests, bool) or requests < 1:
+        raise SpecError(f"the number of requests must be a positive integer, got {requests!r}")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / float(rate), size=int(requests)))
+    prompt, output = LENGTH_FITS[name].sample(int(requests), rng)
+    return Trace(name, arrivals, prompt, output)
+
+
+def get_trace(source: "str | Path | Trace", requests: int | None = None, rate: float | None = None,
+              seed: int = 0) -> Trace:
+    """Resolve a workload to requests.
+
+    Args:
+      source: a preset name (synthetic, :func:`synthetic_trace`), an Azure-format ``.csv``
+        path (:func:`load_azure_trace`) or a :class:`Trace`.
+      requests: keep the first N requests (default: 1000 for a preset, all for a file).
+      rate: rescale to this arrival rate, requests/s (default: as generated / as recorded).
+      seed: PRNG seed of the synthetic generator.
+
+    Raises:
+      SpecError: unknown preset, unreadable or malformed file, non-positive rate or count.
+    """
+    if rate is not None:
+        _check_rate(rate)
+    if requests is not None and (not isinstance(requests, (int, np.integer)) or isinstance(requests, bool)
+                                 or requests < 1):
+        raise SpecError(f"the number of requests must be a positive integer, got {requests!r}")
+    if isinstance(source, Trace):
+        tr = source
+    elif str(source).lower().endswith(".csv"):
+        tr = load_azure_trace(source)
+    else:
+        return synthetic_trace(str(source), 1000 if requests is None else int(requests), rate, seed)
+    if requests is not None:
+        tr = tr.head(int(requests))
+    if rate is not None:
+        tr = tr.with_rate(rate)
+    return tr
+
+
+__all__ = ["WorkloadSpec", "WorkloadParams", "WORKLOAD_PRESETS", "get_workload", "summarise_lengths",
+           "Trace", "load_azure_trace", "parse_timestamp", "LengthFit", "LENGTH_FITS", "FIT_PROBS",
+           "synthetic_trace", "get_trace", "resolve_workload_name", "WORKLOAD_ALIASES"]
+
