@@ -378,6 +378,7 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
                      blocking_s_per_stage=np.asarray(out["blocking_s_per_stage"])[:n],
                      kv_budget_bytes_per_stage=np.asarray(out["kv_budget_bytes_per_stage"])[:n],
                      mbkr_extra_times=np.asarray(out["mbkr_extra_times"])[:, :k1, :n],
+                     mbkr_block_times=np.asarray(out["mbkr_block_times"])[:, :k1, :n],
                      partner=np.asarray(out["partner"])[:n])
         if timeline:
             timeline_times, timeline_kv = mbkr_timeline(out, n, mode, timeline_points=1024)

@@ -19,7 +19,8 @@ COMMAND_MODULES = (
     "mocap_jax.lbcp_cli",          # compare, partition, bench anneal (LBCP issue)
     "mocap_jax.validation.cli",    # validate, bench reference
     "mocap_jax.validation.calibrate_cli",  # calibrate
-    "mocap_jax.sweep_cli",         # sweep, reproduce, bench sweep
+    "mocap_jax.sweep_cli",         # sweep, bench sweep
+    "mocap_jax.study",             # reproduce
     "mocap_jax.wsc.cli",           # wsc-llm ...
 )
 

@@ -125,7 +125,7 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
         objective = PrefillObjective(shape, settings.objective)
     dp_units = dp.partition // g
     uni_units = _uniform_units(U, M)
-    val = lambda u: float(np.asarray(objective(jnp.asarray(u, jnp.int32), ctx)))
+    val = lambda u: float(np.asarray(lbcp.objective_jit(objective, jnp.asarray(u, jnp.int32), ctx)))
     key = jax.random.PRNGKey(settings.seed)
     # half the chains start from the DP partition, half from the uniform one
     init = np.stack([dp_units if c % 2 == 0 else uni_units for c in range(settings.chains)])

@@ -219,6 +219,21 @@ def _anneal_impl(objective, ctx, init, key, reference, *, steps: int, max_shift:
 
 
 anneal_jit = jax.jit(_anneal_impl, static_argnames=("objective", "steps", "max_shift", "t_start", "t_end"))
+
+
+def _call(objective, units, ctx):
+    return objective(units, ctx)
+
+
+def _call_many(objective, units, ctx):
+    return jax.vmap(objective, in_axes=(0, None))(units, ctx)
+
+
+objective_jit = jax.jit(_call, static_argnums=0)
+"""``objective(units[M], ctx)`` compiled once per (hashable) objective and shape."""
+
+objective_many_jit = jax.jit(_call_many, static_argnums=0)
+"""``objective`` vmapped over ``units[P, M]``, compiled once per objective and shape."""
 """``jit`` of the annealer; ``objective`` must be hashable (e.g. a frozen dataclass) so repeated
 calls with the same objective structure reuse one compiled program."""
 
@@ -244,7 +259,7 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     if init.ndim == 1:
         init = jnp.broadcast_to(init, (chains, init.shape[0]))
     if reference is None:
-        reference = float(np.asarray(objective(init[0], ctx)))
+        reference = float(np.asarray(objective_jit(objective, init[0], ctx)))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
     best, best_val, acc = anneal_jit(objective, ctx, init, key, jnp.asarray(reference, jnp.float32), steps=steps,

@@ -297,7 +297,7 @@ def evaluate(point: Point, shape: SimShape) -> dict:
             remote_read_s=jnp.sum(mc["read"]), remote_read_unhidden_s=jnp.sum(mc["read_extra"]),
             spill_write_s=jnp.sum(mc["write"]), blocking_s=jnp.sum(mc["block"]),
             blocking_s_per_stage=jnp.sum(mc["block"], axis=(0, 1)), migrate_s=jnp.sum(mc["migrate"]),
-            mbkr_extra_times=mc["extra"], mbkr_event_time=spills["event_time"],
+            mbkr_extra_times=mc["extra"], mbkr_block_times=mc["block"], mbkr_event_time=spills["event_time"],
             mbkr_event_local=spills["event_local"], kv_budget_bytes_per_stage=budget,
         )
         if shape.mbkr == "static":

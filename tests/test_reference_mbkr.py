@@ -57,9 +57,9 @@ def test_kv_is_conserved_at_every_event_and_spills_fit_the_partner(pairing, rele
             # the partner was a creditor and stays at or below p2 of its budget
             assert r.p1 * cap[b] <= d["partner_local_before"] < r.p2 * cap[b]
             assert d["partner_local_before"] + d["moved"] <= r.p2 * cap[b] * (1 + 1e-12)
-            # the debtor kept exactly what fits below p2
-            assert d["local_before"] + d["kept"] == pytest.approx(max(r.p2 * cap[d["stage"]], d["local_before"]),
-                                                                  rel=1e-12)
+        # the rule: keep what fits below p2 of the budget, move the excess up to the partner's room
+        keep0 = min(max(r.p2 * cap[d["stage"]] - d["local_before"], 0.0), d["bytes"])
+        assert d["moved"] == pytest.approx(min(d["bytes"] - keep0, d["room"]), rel=1e-12, abs=1e-3)
     # the ledgers' peaks are their largest level
     for s, tl in enumerate(r.kv_timeline):
         assert r.kv_peak_bytes_per_stage[s] == tl[:, 1].max()
@@ -138,7 +138,7 @@ TINY = ModelSpec("tiny-3l", layers=3, hidden=1024, ffn=4096, q_heads=8, kv_heads
 
 
 def test_hand_checked_spill_write_read_and_blocking():
-    c0, c1, B, p2, ov = 6000, 2000, 1, 0.8, 0.5
+    c0, c1, B, p2, ov = 6000, 6000, 1, 0.8, 0.5
     big = mocap_wafer(1, 2, name="tiny-1x2")
     base = reference_simulate(TINY, big, c0 + c1, "terapipe", partition=[c0, c1], batch=B)
     u = base.kv_bytes[0, 1]                       # stage-1 KV of chunk 0; stage 0 makes 2u

@@ -85,7 +85,7 @@ class ServingConfig:
     ttft_slo_s: float = 10.0
     max_batch: int = 256
     window: int = 16
-    leap: int = 16
+    leap: int = 8
     alpha: float = 1.5
     strategies: tuple[str, ...] = perf.STRATEGIES
     seed: int = 0
@@ -252,6 +252,9 @@ def _cluster_priority(wafer: WaferSpec, layout: plc.Layout, policy: str) -> np.n
     return table
 
 
+_PLACEMENT_CACHE: dict = {}
+
+
 def build_setup(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: WorkloadSpec,
                 scheduler: str = "wsc", memory_policy: str | None = None, placement: str | None = None,
                 config: ServingConfig | None = None, label: str | None = None) -> ServingSetup:
@@ -326,7 +329,10 @@ def build_setup(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: Wo
     n_d = sum(1 for k, *_ in packing if k == "decode")
     pshape, dshape = (pc.config.rows, pc.config.cols), (dc.config.rows, dc.config.cols)
     if placement == "decode-centred":
-        layout = plc.decode_centred_placement(wafer, pshape, n_p, dshape, n_d, config.alpha)
+        key = (wafer.rows, wafer.cols, pshape, n_p, dshape, n_d, float(config.alpha))
+        if key not in _PLACEMENT_CACHE:  # deterministic in the geometry: reuse across design points
+            _PLACEMENT_CACHE[key] = plc.decode_centred_placement(wafer, pshape, n_p, dshape, n_d, config.alpha)
+        layout = _PLACEMENT_CACHE[key]
     elif placement == "random":
         layout = plc.random_placement(wafer, pshape, n_p, dshape, n_d, config.seed)
     else:
@@ -362,11 +368,9 @@ def build_setup(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: Wo
             ingress[q] = float(mem.remote_kv(wafer, layout, q, np.zeros(d)).ingress_links)
         else:
             ingress[q] = len(ids)  # one NVLink port per GPU
-    mp = perf.model_params(model, np.float64)
     kv_tok = float(model.kv_bytes_per_token_layer(wafer.kv_bytes) * model.layers)
     batch_cap = int(max(1, min(int(dc.decode_batch_slo), config.max_batch)))
     remote = bool(np.any(allowed & (q_hops[None, :, :] > 0)))
-    del mp
     return ServingSetup(
         label=label, model=model, wafer=wafer, scheduler=scheduler, placement=placement, memory_policy=policy,
         config=config, prefill=pc.config, decode=dc.config, layout=layout, batch_cap=batch_cap,
@@ -425,7 +429,8 @@ class ServingInputs:
     ``prio [P, Q, D]``, ``cap_allowed [P, Q]``, ``free0 [D]``, ``resident [D]``,
     ``pq_hops [P, Q]``, ``p_die_hops / p_die_internode / p_die_own [P, D]``,
     ``q_die_hops / q_die_internode [Q, D]``, ``q_ingress [Q]``); requests ``arrival``
-    (s), ``prompt``, ``output`` (tokens) ``[N]`` sorted by arrival.
+    (s), ``prompt``, ``output`` (tokens) ``[N]`` sorted by arrival, of which the first
+    ``n_valid`` (int32) are real (the rest is padding that never arrives).
     """
 
     model: Any
@@ -449,9 +454,18 @@ class ServingInputs:
     q_die_hops: Array
     q_die_internode: Array
     q_ingress: Array
+    n_valid: Array
     arrival: Array
     prompt: Array
     output: Array
+
+
+def request_bucket(n: int) -> int:
+    """Static request capacity for a trace of ``n`` requests: the next of 64, 96, 128, 192, 256, 384, ..."""
+    b = 64
+    while b < n:
+        b = b * 3 // 2 if (b & (b - 1)) == 0 else b * 4 // 3
+    return b
 
 
 def _bucket(n: int, minimum: int = 8) -> int:
@@ -481,8 +495,9 @@ def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jn
     """Numbers of one (setup, trace) point, padded to ``shape`` (host numpy arrays)."""
     if not setup.feasible:
         raise SpecError(f"{setup.label}: infeasible design point ({setup.reason})")
-    if len(trace) != shape.requests:
-        raise SpecError(f"trace has {len(trace)} requests but the shape holds {shape.requests}")
+    n = len(trace)
+    if n > shape.requests:
+        raise SpecError(f"trace has {n} requests but the shape holds {shape.requests}")
     P, Q, D = shape.prefill, shape.decode, shape.dies
     n_p, n_d = setup.n_prefill, setup.n_decode
     if n_p > P or n_d > Q or setup.dies != D or setup.batch_cap > shape.slots:
@@ -506,7 +521,10 @@ def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jn
         p_die_hops=pad(setup.p_die_hops, (P, D), 0, dtype), p_die_internode=pad(setup.p_die_internode, (P, D), 0, dtype),
         p_die_own=pad(setup.p_die_own, (P, D), False, bool), q_die_hops=pad(setup.q_die_hops, (Q, D), 0, dtype),
         q_die_internode=pad(setup.q_die_internode, (Q, D), 0, dtype), q_ingress=pad(setup.q_ingress, (Q,), 1, dtype),
-        arrival=f(trace.arrival_s), prompt=f(trace.prompt_tokens), output=f(trace.output_tokens))
+        n_valid=np.asarray(n, np.int32),
+        arrival=f(np.pad(trace.arrival_s, (0, shape.requests - n), mode="edge")),
+        prompt=f(np.pad(trace.prompt_tokens, (0, shape.requests - n), constant_values=1)),
+        output=f(np.pad(trace.output_tokens, (0, shape.requests - n), constant_values=1)))
 
 
 def stack_inputs(items: Sequence[ServingInputs]) -> ServingInputs:
@@ -530,6 +548,7 @@ def _init_state(inp: ServingInputs, sh: ServingShape):
         "dq": zi(Q, N), "d_head": zi(Q), "d_tail": zi(Q), "d_load": zi(Q), "d_next": jnp.full(Q, inf),
         "d_mid": jnp.zeros(Q, bool), "d_rt": jnp.zeros((Q, D), ft), "d_fr": jnp.zeros((Q, D), ft),
         "slot_req": jnp.full((Q, B), -1, jnp.int32), "slot_gen": jnp.zeros((Q, B), ft),
+        "slot_prompt": jnp.zeros((Q, B), ft), "slot_out": jnp.zeros((Q, B), ft),
         "ttft_t": jnp.full(N, inf), "finish_t": jnp.full(N, inf), "ready_t": jnp.full(N, inf),
         "pinst": jnp.full(N, -1, jnp.int32), "dinst": jnp.full(N, -1, jnp.int32), "dropped": jnp.zeros(N, bool),
         "events": jnp.zeros((), jnp.int32), "leaped": jnp.zeros((), jnp.int32), "overflow": jnp.zeros((), bool),
@@ -567,8 +586,7 @@ def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     i32 = jnp.int32
     sr = st["slot_req"][q]
     act = sr >= 0
-    rid = jnp.where(act, sr, 0)
-    out = inp.output[rid]
+    out = st["slot_out"][q]               # per-slot prompt / output lengths (no gathers from [N])
     mid = st["d_mid"][q]
     ended = ~mid & jnp.any(act)            # an iteration ends now: every request gains a token
     gen = st["slot_gen"][q] + jnp.where(act & ended, 1.0, 0.0).astype(ft)
@@ -609,15 +627,17 @@ def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     empty = ~act2
     rank = jnp.cumsum(empty.astype(i32)) - 1
     take = empty & (rank < n_adm)
-    new_req = jnp.where(take, cand[jnp.clip(rank, 0, A)], jnp.where(act2, sr, -1))
+    jn = jnp.arange(A + 1) < n_adm
+    jreq = jnp.where(jn, cand, 0)
+    js, jo = inp.prompt[jreq], inp.output[jreq]
+    crank = jnp.clip(rank, 0, A)
+    new_req = jnp.where(take, cand[crank], jnp.where(act2, sr, -1))
     new_gen = jnp.where(take, 1.0, jnp.where(act2, gen, 0.0)).astype(ft)
+    new_pr = jnp.where(take, js[crank], jnp.where(act2, st["slot_prompt"][q], 0.0))
+    new_out = jnp.where(take, jo[crank], jnp.where(act2, out, 0.0))
     head2 = head + n_adm
     if sh.remote:
-        jn = jnp.arange(A + 1) < n_adm
-        jreq = jnp.where(jn, cand, 0)
-        js = inp.prompt[jreq]
-        jfrac = st["alloc"][jreq] / ((js + inp.output[jreq]) * inp.kv_bytes_per_token)[:, None] \
-            * jn[:, None].astype(ft)
+        jfrac = st["alloc"][jreq] / ((js + jo) * inp.kv_bytes_per_token)[:, None] * jn[:, None].astype(ft)
         rt = rt + jnp.sum((js + 1.0)[:, None] * jfrac, axis=0) * outside
         fr = fr + jnp.sum(jfrac, axis=0) * outside
         rt = jnp.maximum(rt, 0.0)
@@ -625,11 +645,9 @@ def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     cont = more_fin | more_adm                # the boundary continues next step at the same time
     # the batch that runs next
     act3 = new_req >= 0
-    rid3 = jnp.where(act3, new_req, 0)
-    o3 = inp.output[rid3]
     n = jnp.sum(act3, dtype=i32).astype(ft)
-    c1 = jnp.sum(jnp.where(act3, inp.prompt[rid3] + new_gen, 0.0))
-    r_min = jnp.min(jnp.where(act3, o3 - new_gen, inf))
+    c1 = jnp.sum(jnp.where(act3, new_pr + new_gen, 0.0))
+    r_min = jnp.min(jnp.where(act3, new_out - new_gen, inf))
     h_valid = head2 < tail
     h_ready = jnp.where(h_valid, st["ready_t"][st["dq"][q, jnp.clip(head2, 0, N - 1)]], inf)
     join_possible = h_valid & (n < inp.batch_cap.astype(ft))
@@ -654,6 +672,7 @@ def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     st.update(
         finish_t=finish_t, free=jnp.where(do, free, st["free"]), d_load=d_load, p_next=p_next,
         slot_req=_set(st["slot_req"], q, new_req, do), slot_gen=_set(st["slot_gen"], q, new_gen, do),
+        slot_prompt=_set(st["slot_prompt"], q, new_pr, do), slot_out=_set(st["slot_out"], q, new_out, do),
         d_head=_set(st["d_head"], q, head2, do), d_next=_set(st["d_next"], q, nxt, do),
         d_mid=_set(st["d_mid"], q, cont, do), d_rt=_set(st["d_rt"], q, rt, do), d_fr=_set(st["d_fr"], q, fr, do),
         leaped=st["leaped"] + jnp.where(do, k, 0))
@@ -786,7 +805,7 @@ def _step(inp: ServingInputs, st, sh: ServingShape):
     qd = jnp.argmin(st["d_next"]).astype(jnp.int32)
     pp = jnp.argmin(st["p_next"]).astype(jnp.int32)
     t_d, t_p = st["d_next"][qd], st["p_next"][pp]
-    t_a = jnp.where(st["arr_ptr"] < N, inp.arrival[jnp.clip(st["arr_ptr"], 0, N - 1)], inf)
+    t_a = jnp.where(st["arr_ptr"] < inp.n_valid, inp.arrival[jnp.clip(st["arr_ptr"], 0, N - 1)], inf)
     t = jnp.minimum(jnp.minimum(t_d, t_a), t_p)
     live = jnp.isfinite(t)
     do_d = live & (t_d <= t)
@@ -804,8 +823,8 @@ def _step(inp: ServingInputs, st, sh: ServingShape):
     return st
 
 
-def _done(st, sh: ServingShape):
-    return (st["arr_ptr"] >= sh.requests) & ~jnp.any(jnp.isfinite(st["p_next"])) & \
+def _done(inp, st, sh: ServingShape):
+    return (st["arr_ptr"] >= inp.n_valid) & ~jnp.any(jnp.isfinite(st["p_next"])) & \
         ~jnp.any(jnp.isfinite(st["d_next"]))
 
 
@@ -818,7 +837,7 @@ def _init_batch(inp, sh):
 def _run_batch(inp, st, sh, steps):
     def one(x, s):
         s, _ = jax.lax.scan(lambda c, _: (_step(x, c, sh), None), s, None, length=steps)
-        return s, _done(s, sh)
+        return s, _done(x, s, sh)
     return jax.vmap(one)(inp, st)
 
 
@@ -852,7 +871,7 @@ class BatchOutput:
 
 
 def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int = 512,
-                   max_steps: int | None = None) -> BatchOutput:
+                   max_steps: int | None = None, shard: bool = True) -> BatchOutput:
     """Run the array program on a batch of design points (leading axis of every leaf).
 
     Scans ``chunk_steps`` events at a time (one compiled program), checking on the host
@@ -862,12 +881,23 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     Args:
       inputs: stacked :class:`ServingInputs` ``[G, ...]``.
       shape: their static :class:`ServingShape`.
+      chunk_steps: events per compiled scan call.
+      max_steps: give up after this many events.
+      shard: split the points over the local devices (``jax.sharding``, 1-D mesh
+        ``points``) when their number divides evenly; the same program runs on one device.
     """
     if not isinstance(chunk_steps, int) or chunk_steps < 1:
         raise SpecError(f"chunk_steps must be a positive integer, got {chunk_steps!r}")
     max_steps = 40 * shape.requests + 4096 if max_steps is None else int(max_steps)
     t0 = time.perf_counter()
     inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
+    g = int(np.shape(inputs.n_valid)[0])
+    devices = jax.local_devices()
+    if shard and len(devices) > 1 and g % len(devices) == 0:
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+        mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
+        inputs = jax.device_put(inputs, NamedSharding(mesh, PartitionSpec("points")))
     st = _init_batch(inputs, shape)
     lowered = _run_batch.lower(inputs, st, shape, chunk_steps)
     compiled = lowered.compile()
@@ -935,8 +965,8 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
     Returns a dict with ``ttft_*``, ``tpot_*``, ``e2e_*`` (mean / p50 / p99, s),
     ``finished``, ``dropped``, ``makespan_s`` (last finish - first arrival),
     ``throughput_rps``, ``tokens_per_s`` (output tokens of finished requests),
-    ``goodput_rps`` (requests meeting the TTFT and TPOT SLOs per second),
-    ``slo_attainment``, ``dram_util_mean`` / ``dram_util_peak`` (resident + KV over
+    ``slo_attainment`` (share of the N requests meeting both the TTFT and the TPOT SLO),
+    ``goodput_rps`` (offered rate x SLO attainment: requests/s served within the SLOs), ``dram_util_mean`` / ``dram_util_peak`` (resident + KV over
     physical DRAM, whole wafer) and ``offered_rps``.
     """
     cfg = setup.config
@@ -956,8 +986,8 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
     pos = makespan is not None and makespan > 0
     out["throughput_rps"] = float(fin.sum() / makespan) if pos else 0.0
     out["tokens_per_s"] = float(trace.output_tokens[fin].sum() / makespan) if pos else 0.0
-    out["goodput_rps"] = float(good.sum() / makespan) if pos else 0.0
     out["slo_attainment"] = float(good.sum() / n)
+    out["goodput_rps"] = out["slo_attainment"] * trace.rate if math.isfinite(trace.rate) else 0.0
     cap = float(np.sum(setup.capacity))
     res = float(np.sum(setup.resident))
     span = float(end_s - trace.arrival_s[0])
@@ -1013,7 +1043,8 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
              chunk_steps: int = 512, keep_raw: bool = False) -> SimulationReport:
     """Simulate many (setup, trace) design points with the array program.
 
-    Points are grouped by static structure (die count, request count); each group is one
+    Points are grouped by static structure (die count, request-count bucket
+    :func:`request_bucket`; shorter traces are padded); each group is one
     compiled program run over all its points with ``jit(vmap)`` (in slices of
     ``batch_size`` points, padded by repeating the last, so memory stays bounded).
     Infeasible set-ups become rows with infinite latency and zero throughput.
@@ -1034,31 +1065,35 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
         if not setup.feasible:
             results[k] = ServingResult(setup, trace, infeasible_metrics(trace))
             continue
-        groups.setdefault((setup.dies, len(trace)), []).append(k)
+        groups.setdefault((setup.dies, request_bucket(len(trace))), []).append(k)
     compile_s, steps_all, simulated = 0.0, [], 0
-    for (_, n_req), idx in groups.items():
+    for (_, n_req), idx in sorted(groups.items()):
         cfg = points[idx[0]][0].config
         shape = shape_for([points[k][0] for k in idx], n_req, cfg)
         bs = len(idx) if batch_size is None else max(1, int(batch_size))
+        ndev = len(jax.local_devices())
         for s in range(0, len(idx), bs):
             sl = idx[s:s + bs]
-            padded = sl + [sl[-1]] * (bs - len(sl)) if batch_size is not None else sl
+            width = bs if batch_size is not None else len(sl)
+            width = -(-width // ndev) * ndev if width >= ndev else width  # whole multiple of the devices
+            padded = sl + [sl[-1]] * (width - len(sl))
             inp = stack_inputs([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in padded])
             out = simulate_batch(inp, shape, chunk_steps=chunk_steps)
             compile_s += out.compile_s
             steps_all.append(out.steps)
             for g, k in enumerate(sl):
                 setup, trace = points[k]
-                rm = request_metrics(trace, out.ttft_t[g], out.finish_t[g], out.dropped[g])
+                n = len(trace)
+                rm = request_metrics(trace, out.ttft_t[g, :n], out.finish_t[g, :n], out.dropped[g, :n])
                 met = aggregate_metrics(trace, rm, setup, float(out.kv_area[g]), float(out.kv_peak[g]),
                                         float(out.end_s[g]))
                 met.update(events=int(out.events[g]), leaped=int(out.leaped[g]), complete=bool(out.complete[g]))
                 raw = None
                 if keep_raw:
-                    raw = {k2: getattr(out, k2)[g] for k2 in ("ttft_t", "finish_t", "ready_t", "pinst", "dinst",
-                                                             "dropped")}
+                    raw = {k2: getattr(out, k2)[g, :n] for k2 in ("ttft_t", "finish_t", "ready_t", "pinst", "dinst",
+                                                                 "dropped")}
                 results[k] = ServingResult(setup, trace, met, rm, raw)
-                simulated += len(trace)
+                simulated += n
     return SimulationReport(results=results, groups=len(groups), wall_s=time.perf_counter() - t0,
                             compile_s=compile_s, steps=steps_all, simulated_requests=simulated)
 
