@@ -235,7 +235,7 @@ class MBKRConfig:
 
     @property
     def mode(self) -> str:
-        return "dynamic" if self.pairing == "dynamic" else "static"
+        return {"dynamic": "dynamic", "none": "unpaired"}.get(self.pairing, "static")
 
 
 def mbkr_mode(scheme: str, cfg: "MBKRConfig") -> str:
@@ -247,7 +247,7 @@ def mbkr_params(hw: HardwareSpec, placement, n_pad: int, cfg: "MBKRConfig", mode
     """MBKR numbers; the route matrices share link bandwidth among hand-offs and pair routes."""
     n = len(placement)
     code = STATIC_PAIRING_CODE.get(cfg.pairing, 0)
-    partner = partner_of(code, n, n, xp=np) if mode == "static" else None
+    partner = partner_of(code, n, n, xp=np) if mode in ("static", "unpaired") else None
     hops, bw = pair_routes(hw, placement, partner, n_pad, dtype)
     return MBKRParams(p1=np.asarray(cfg.p1, dtype), p2=np.asarray(cfg.p2, dtype),
                       read_overlap=np.asarray(cfg.read_overlap, dtype), pairing=np.asarray(code, np.int32),

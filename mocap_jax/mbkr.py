@@ -154,7 +154,7 @@ def _holds(finish, group_release, item_group):
     return group_release[item_group] > finish
 
 
-def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num_stages):
+def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num_stages, slots: int | None = None):
     """Spill decisions of static pairings: one merged event scan per pair, group-level state.
 
     Args:
@@ -165,6 +165,8 @@ def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num
       cap: ``[N]`` KV budget per stage (bytes).
       partner: ``[N]`` int static partner (-1 none).
       p1, p2: role thresholds; num_stages: traced N.
+      slots: static number of leading stages that can lead a pair (default all; ``ceil(N_pad / 2)``
+        suffices for cross-half and head-to-tail pairings, whose leaders are the first half).
 
     Returns:
       dict with ``moved`` [E, N] bytes spilled at each addition, ``partner_at_add`` [E, N],
@@ -179,10 +181,11 @@ def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num
     dt = kv.dtype
     inf = jnp.asarray(jnp.inf, dt)
     holds = _holds(finish, group_release, item_group)
-    s_idx = jnp.arange(N)
-    b_idx = jnp.where(partner >= 0, partner, s_idx)
-    b_ok = partner >= 0
-    active = (s_idx < num_stages) & (~b_ok | (partner > s_idx))
+    L = N if slots is None else slots
+    s_idx = jnp.arange(L)
+    b_idx = jnp.where(partner[:L] >= 0, partner[:L], s_idx)
+    b_ok = partner[:L] >= 0
+    active = (s_idx < num_stages) & (~b_ok | (partner[:L] > s_idx))
     gid = jnp.arange(G)
 
     def slot(a, b, ok):
@@ -237,9 +240,11 @@ def pair_spills(finish, group_release, kv, item_group, cap, partner, p1, p2, num
     moved = jnp.zeros((N + 1, E), dt).at[tgt_a].set(moved_rec[:, 0]).at[tgt_b].set(moved_rec[:, 1])[:N].T
     pk = jnp.zeros((N + 1,), dt).at[tgt_a].set(peak[:, 0]).at[tgt_b].set(peak[:, 1])[:N]
     overflow = jnp.any(over & active)
+    pad = lambda x, fill: jnp.concatenate([x, jnp.full((N - L,) + x.shape[1:], fill, x.dtype)]) if L < N else x
     return dict(moved=moved, partner_at_add=jnp.broadcast_to(partner, (E, N)), migrate_bytes=jnp.zeros((E, N), dt),
-                migrate_from=jnp.broadcast_to(partner, (E, N)), peak=pk, overflow=overflow, event_time=ev_t,
-                event_local=ev_local[:, :, 0], event_local_partner=ev_local[:, :, 1], slot_active=active)
+                migrate_from=jnp.broadcast_to(partner, (E, N)), peak=pk, overflow=overflow,
+                event_time=pad(ev_t, jnp.inf), event_local=pad(ev_local[:, :, 0], 0.0),
+                event_local_partner=pad(ev_local[:, :, 1], 0.0), slot_active=pad(active, False))
 
 
 def dynamic_spills(finish, group_release, kv, item_group, cap, p1, p2, num_stages):

@@ -35,8 +35,9 @@ class SimShape(NamedTuple):
       num_batches: consecutive identical batches simulated.
       timeline: also return per-stage KV occupancy at event times (every event
         time, or every ``stride``-th so that at most ``timeline_points`` remain).
-      mbkr: ``"off"``, ``"static"`` (pairing given by ``Point.mbkr.pairing``) or
-        ``"dynamic"`` (re-matching), see :mod:`mocap_jax.mbkr`.
+      mbkr: ``"off"``, ``"static"`` (cross-half or head-to-tail pairs, code in
+        ``Point.mbkr.pairing``), ``"unpaired"`` (MBKR with no partners) or ``"dynamic"``
+        (re-matching), see :mod:`mocap_jax.mbkr`.
       mbkr_iterations: spill-decision / timing passes (docs/semantics.md).
     """
 
@@ -278,7 +279,8 @@ def evaluate(point: Point, shape: SimShape) -> dict:
             if shape.mbkr == "dynamic":
                 spills = dynamic_spills(fe, gr, kve, item_group, budget, mb.p1, mb.p2, n)
             else:
-                spills = pair_spills(fe, gr, kve, item_group, budget, partner, mb.p1, mb.p2, n)
+                slots = n_pad if shape.mbkr == "unpaired" else (n_pad + 1) // 2
+                spills = pair_spills(fe, gr, kve, item_group, budget, partner, mb.p1, mb.p2, n, slots)
             mc = spill_costs(spills, attention, same_before, mb, hw.link_latency_s, hw.eff_link,
                              hw.hbm_bandwidth, hw.eff_hbm, nb)
             f = batch_finish_times(t[None] + mc["extra"], d, point.synchronous, nb)
@@ -300,7 +302,7 @@ def evaluate(point: Point, shape: SimShape) -> dict:
             mbkr_extra_times=mc["extra"], mbkr_block_times=mc["block"], mbkr_event_time=spills["event_time"],
             mbkr_event_local=spills["event_local"], kv_budget_bytes_per_stage=budget,
         )
-        if shape.mbkr == "static":
+        if shape.mbkr != "dynamic":
             extra_out["mbkr_event_local_partner"] = spills["event_local_partner"]
             extra_out["mbkr_slot_active"] = spills["slot_active"]
         extra_out["partner"] = partner

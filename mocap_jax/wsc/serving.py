@@ -82,7 +82,7 @@ class ServingConfig:
 
     chunk_tokens: int = 2048
     tpot_slo_s: float = 0.1
-    ttft_slo_s: float = 10.0
+    ttft_slo_s: float = 2.0
     max_batch: int = 256
     window: int = 16
     leap: int = 8
@@ -897,8 +897,11 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
         from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
         mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
-        inputs = jax.device_put(inputs, NamedSharding(mesh, PartitionSpec("points")))
-    st = _init_batch(inputs, shape)
+        sharding = NamedSharding(mesh, PartitionSpec("points"))
+        inputs = jax.device_put(inputs, sharding)
+        st = jax.device_put(_init_batch(inputs, shape), sharding)
+    else:
+        st = _init_batch(inputs, shape)
     lowered = _run_batch.lower(inputs, st, shape, chunk_steps)
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t0
