@@ -115,9 +115,9 @@ def e2e_latency(point: Point, partition, seq_len, batch_cap, arrivals, mbkr_extr
             done = jnp.full((R,), f[-1, -1])
         mine = live & (idx >= q) & (idx < q + b)
         comp = jnp.where(mine, done, comp)
-        new = (jnp.where(live, q + b, q), jnp.where(live, f[-1], stage_free),
+        new = (jnp.where(live, q + b, q).astype(jnp.int32), jnp.where(live, f[-1], stage_free),
                jnp.where(live, f[-1, -1], exit_prev), comp)
-        return new, jnp.where(live, b, 0)
+        return new, jnp.where(live, b, 0).astype(jnp.int32)
 
     init = (jnp.zeros((), jnp.int32), jnp.zeros((n_pad,), dt), jnp.zeros((), dt), jnp.zeros((R,), dt))
     (_, _, _, comp), sizes = jax.lax.scan(one_batch, init, None, length=R)
