@@ -107,7 +107,7 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
     kw = dict(release=release, admission=admission, num_batches=num_batches, placement=pl, dtype=dt,
               pairing=mbkr.pairing, p1=mbkr.p1, p2=mbkr.p2, read_overlap=mbkr.read_overlap)
     b0 = batch if batch != "auto" else max(api.max_feasible_batch(m, hw, S, sim_scheme, partition=uni, **kw), 1)
-    C = np.asarray(jax.jit(lbcp.chunk_cost_matrix, static_argnums=(3, 4, 6))(mp, hp, layout, U, g, b0, n_pad))
+    C = np.asarray(lbcp.chunk_cost_matrix_jit(mp, hp, layout, U, g, b0, n_pad))
     dp = lbcp.proxy_dp(C, M, n, g)
     B = batch if batch != "auto" else max(api.max_feasible_batch(m, hw, S, sim_scheme, partition=dp.partition, **kw), 1)
 
@@ -158,7 +158,7 @@ def terapipe_dp_partition(model, hardware, seq_len: int, granularity: int = 256,
     n = api.check_stages(m, hw, None)
     n_pad = bucket(n)
     layout = StageLayout.snake(hw, n, n_pad, dt)
-    C = np.asarray(jax.jit(lbcp.chunk_cost_matrix, static_argnums=(3, 4, 6))(
+    C = np.asarray(lbcp.chunk_cost_matrix_jit(
         ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt), layout, U, granularity, batch, n_pad))
     return lbcp.terapipe_dp(C, n, granularity).partition
 

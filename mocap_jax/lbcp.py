@@ -41,8 +41,8 @@ def check_granularity(seq_len: int, chunks: int | None, granularity: int) -> int
     return U
 
 
-def chunk_cost_matrix(model: ModelParams, hw: HardwareParams, layout: StageLayout, units: int, granularity: int,
-                      batch, n_pad: int, extra_fn: Callable | None = None):
+def chunk_cost_matrix(model: ModelParams, hw: HardwareParams, layout: StageLayout, units: int, granularity,
+                      batch, n_pad: int):
     """``C[y, x]``: bottleneck-stage seconds of a chunk covering units ``[y, x)``; ``inf`` where ``x <= y``.
 
     Shape ``[U + 1, U + 1]``.  The chunk ending at ``U`` carries the LM head.
@@ -57,6 +57,10 @@ def chunk_cost_matrix(model: ModelParams, hw: HardwareParams, layout: StageLayou
     t = costs.stage_times(model, hw, layout, jnp.maximum(c, 0), p, b, last, n_pad)
     C = jnp.max(t, axis=-1)
     return jnp.where(x > y, C, jnp.inf)
+
+
+chunk_cost_matrix_jit = jax.jit(chunk_cost_matrix, static_argnums=(3, 6))
+"""``chunk_cost_matrix`` compiled once per (U, N_pad); g and the batch are traced."""
 
 
 def _dp_fixed(C, chunks: int, cap):

@@ -771,7 +771,7 @@ def cmd_baselines(args) -> int:
 
 def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", workload: str = "azure-conv",
                   points: int = 32, requests: int = 200, reference_points: int | None = None, load: float = 0.8,
-                  seed: int = 0, dtype=None) -> dict:
+                  seed: int = 0, dtype=None, config=None) -> dict:
     """Simulated requests per wall-second of the batched array program vs the event-driven reference.
 
     ``points`` design points (the same set-up, different traces: seeds ``seed..seed+points-1``)
@@ -791,7 +791,7 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
     if not 1 <= reference_points <= points:
         raise SpecError(f"--reference-points must be between 1 and --points ({points}), got {reference_points}")
     w = resolve_workload_name(workload)
-    setup = sv.build_setup(model, hardware, WORKLOAD_PRESETS[w], "wsc")
+    setup = sv.build_setup(model, hardware, WORKLOAD_PRESETS[w], "wsc", config=config)
     if not setup.feasible:
         raise SpecError(f"{model} cannot be served on {hardware}: {setup.reason}")
     pts = [(setup, synthetic_trace(w, requests, load * setup.served_rps, seed + k)) for k in range(points)]
@@ -824,8 +824,12 @@ def cmd_bench_serving(args) -> int:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
     if not args.load > 0:
         raise SpecError(f"--load must be positive, got {args.load}")
+    if args.max_batch < 1:
+        raise SpecError(f"--max-batch must be a positive integer, got {args.max_batch}")
+    from .serving import ServingConfig
+
     res = bench_serving(args.model, args.hardware, args.workload, args.points, args.requests, args.reference_points,
-                        args.load, args.seed, _dtype(args))
+                        args.load, args.seed, _dtype(args), ServingConfig(max_batch=args.max_batch))
     if args.json:
         _emit_json(res)
         return 0
@@ -920,6 +924,7 @@ def _register_part2(sub, bench_subparsers) -> None:
         bs.add_argument("--requests", type=int, default=200, help="requests per point (default 200)")
         bs.add_argument("--reference-points", type=int, help="points the reference runs (default all)")
         bs.add_argument("--load", type=float, default=0.8, help="rate as a multiple of the partition capacity")
+        bs.add_argument("--max-batch", type=int, default=256, help="largest decode batch (default 256)")
         bs.add_argument("--seed", type=int, default=0)
         bs.add_argument("--dtype", choices=("float32", "float64"), default="float32")
         bs.add_argument("--json", action="store_true")

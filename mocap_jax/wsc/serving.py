@@ -875,7 +875,8 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     """Run the array program on a batch of design points (leading axis of every leaf).
 
     Scans ``chunk_steps`` events at a time (one compiled program), checking on the host
-    whether every point has finished; stops at ``max_steps`` (default ``40 N + 4096``),
+    whether every point has finished; stops at ``max_steps`` (default: a bound on the
+    number of events of the contract -- output tokens + prefill iterations + ``N (6 + P)``),
     leaving unfinished points ``complete=False``.
 
     Args:
@@ -888,7 +889,11 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     """
     if not isinstance(chunk_steps, int) or chunk_steps < 1:
         raise SpecError(f"chunk_steps must be a positive integer, got {chunk_steps!r}")
-    max_steps = 40 * shape.requests + 4096 if max_steps is None else int(max_steps)
+    if max_steps is None:  # every event of the contract, bounded: decode iterations <= output tokens, ...
+        out_tok = np.max(np.sum(np.asarray(inputs.output, np.float64), axis=-1))
+        pre_it = np.max(np.sum(np.asarray(inputs.prompt, np.float64), axis=-1) / np.asarray(inputs.chunk, np.float64))
+        max_steps = int(out_tok + pre_it + shape.requests * (6 + shape.prefill)) + 4096
+    max_steps = int(max_steps)
     t0 = time.perf_counter()
     inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
     g = int(np.shape(inputs.n_valid)[0])

@@ -1,0 +1,161 @@
+"""Design-space exploration, de-confounded baselines, figures and their CLI (tiny sizes)."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from mocap_jax.cli import main
+from mocap_jax.specs import SpecError
+from mocap_jax.wsc import baselines as bl
+from mocap_jax.wsc import explore as ex
+from mocap_jax.wsc import figures as fg
+from mocap_jax.wsc import serving as sv
+
+CONFIG = sv.ServingConfig(max_batch=32)
+TINY = ["--max-batch", "32"]
+
+
+def test_template_points():
+    pts = ex.template_points()
+    assert len(pts) == 2 * 5 * 3
+    p = pts[0]
+    assert (p.rows, p.cols) == (6, 9) and p.dram_tbps == p.dram_gb / 32  # 32 GB <-> 1 TB/s, 64 <-> 2, 96 <-> 3
+    assert {(q.dram_gb, q.dram_tbps) for q in pts} == {(32, 1), (48, 1.5), (64, 2), (80, 2.5), (96, 3)}
+    full = ex.template_points(((6, 9),), (32, 64), (2.0,), dram_tbps=(1, 3))
+    assert [(q.dram_gb, q.dram_tbps) for q in full] == [(32, 1), (32, 3), (64, 1), (64, 3)]
+    assert p.spec().dram_capacity == 32e9 and p.spec().num_dies == 54
+    assert ex.parse_grids("6x9, 5X8") == ((6, 9), (5, 8))
+    for bad in ("6by9", "0x3", ""):
+        with pytest.raises(SpecError):
+            ex.parse_grids(bad)
+    with pytest.raises(SpecError, match="positive"):
+        ex.template_points(dram_gb=(32, -1))
+
+
+@pytest.fixture(scope="module")
+def explored():
+    hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
+    return ex.explore(models=("llama2-7b",), workloads=("azure-code", "azure-conv"), loads=(1.0, 2.0), hardware=hw,
+                      requests=40, config=CONFIG, seed=1)
+
+
+def test_explore_rows_best_and_csv(explored, tmp_path):
+    res = explored
+    assert len(res.rows) == 4 * 2 * 2 and res.timing["groups"] == 1  # one compiled program for every point
+    assert all(r["feasible"] and r["finished"] == 40 for r in res.rows)
+    # common random numbers: every hardware point of a (workload, load) saw the same trace
+    for w in ("azure-code", "azure-conv"):
+        rates = {r["rate_rps"] for r in res.rows if r["workload"] == w and r["load"] == 1.0}
+        assert len(rates) == 1
+    # the best design per workload maximises its score among the explored points
+    sc = ex.scores(res.rows)
+    for b in res.best:
+        mine = sc[(b["hardware"], "llama2-7b", b["workload"])]["score"]
+        assert mine == max(v["score"] for (h, m, w), v in sc.items() if w == b["workload"])
+        assert b["score_geomean"] == pytest.approx(1.0)
+    assert {b["workload"] for b in res.best_per_model} == {"azure-code", "azure-conv"}
+    path = res.write_csv(tmp_path / "x.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == len(res.rows) and {"dram_gb", "d2d_tbps", "goodput_rps", "e2e_p99", "tokens_per_s"} <= set(rows[0])
+
+
+def test_design_space_figure_run_and_plot(explored, tmp_path):
+    data = fg.run_design_space(explored)
+    assert data["goodput"].shape == (2, 1, 2, 2)  # workloads x models x D2D x (grid, DRAM)
+    assert np.nanmax(data["goodput_norm"]) == pytest.approx(1.0)
+    for i, (y, x) in enumerate(data["best_cell"]):
+        assert data["goodput_norm"][i, 0, y, x] == pytest.approx(1.0)
+    path = fg.plot_design_space(data, tmp_path / "wsc_design_space.png")
+    assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_explore_bad_input():
+    hw = ex.template_points(((4, 4),), (32,), (2.0,))
+    with pytest.raises(SpecError, match="loads must be positive"):
+        ex.explore(("llama2-7b",), ("code",), (-1.0,), hw, requests=10)
+    with pytest.raises(SpecError, match="unknown workload"):
+        ex.explore(("llama2-7b",), ("chat",), (1.0,), hw, requests=10)
+    with pytest.raises(ValueError, match="unknown model"):
+        ex.explore(("gpt-5",), ("code",), (1.0,), hw, requests=10)
+    with pytest.raises(SpecError, match="requests must be an integer"):
+        ex.explore(("llama2-7b",), ("code",), (1.0,), hw, requests=1)
+
+
+@pytest.fixture(scope="module")
+def baselines():
+    return bl.run_baselines("llama2-7b", "azure-conv", loads=(1.0, 2.0), requests=40, wafer="wsc-4x4",
+                            cluster="a100-cluster-2x8", config=CONFIG, seed=2)
+
+
+def test_baselines_table_gains_and_figures(baselines, tmp_path):
+    res = baselines
+    assert len(res.rows) == (4 + 4) * 2
+    systems = {r["system"] for r in res.rows if r["kind"] == "system"}
+    assert systems == {s[0] for s in bl.SYSTEMS}
+    row = {(r["kind"], r["system"], r["load"]): r for r in res.rows}
+    assert row[("system", "A100 + Splitwise", 1.0)]["prefill"] == "1x8/megatron"      # TP 8 = one node
+    assert row[("system", "wafer + Splitwise sched.", 1.0)]["decode"] == "2x4/megatron"  # TP 8 = 2x4 dies
+    assert row[("system", "wafer + WSC-LLM", 1.0)]["memory"] == "greedy"
+    assert row[("ablation", "no memory scheduler", 1.0)]["memory"] == "local"
+    assert row[("ablation", "no central scheduler", 1.0)]["scheduler"] == "naive"
+    # the full system and its ablation row are the same simulation
+    assert row[("ablation", "WSC-LLM (full)", 2.0)]["e2e_mean"] == row[("system", "wafer + WSC-LLM", 2.0)]["e2e_mean"]
+    g = res.gains[0]
+    a, b = row[("system", "wafer + WSC-LLM", 1.0)]["goodput_rps"], row[("system", "A100 + WSC-LLM sched.", 1.0)]["goodput_rps"]
+    assert g["hardware_gain_wsc"] == pytest.approx(a / b)
+    assert g["total_gain"] == pytest.approx(g["scheduler_gain_a100"] * g["hardware_gain_wsc"])
+    cdf = fg.run_latency_cdf(res, load=2.0)
+    assert len(cdf["e2e"]) == 4 and all(np.all(np.diff(x) >= 0) for x in cdf["e2e"])
+    assert fg.plot_latency_cdf(cdf, tmp_path / "cdf.png").exists()
+    abl = fg.run_ablation(res)
+    assert abl["goodput"].shape == (4, 2) and np.all(abl["goodput"] >= 0)
+    assert fg.plot_ablation(abl, tmp_path / "abl.png").exists()
+    with pytest.raises(ValueError, match="was not simulated"):
+        fg.run_latency_cdf(res, load=3.0)
+
+
+def test_explore_and_baselines_cli(tmp_path, capsys):
+    out, fig = tmp_path / "res", tmp_path / "ds.png"
+    code = main(["wsc-llm", "explore", "--models", "llama2-7b", "--workloads", "code,conv", "--grids", "4x4",
+                 "--dram-gb", "32,64", "--d2d-tbps", "1.5,2.5", "--loads", "1,2", "--requests", "40", "--seed", "1",
+                 "--out", str(out), "--figure", str(fig), "--json", *TINY])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and fig.exists() and (out / "wsc_explore.csv").exists() and (out / "wsc_explore_best.csv").exists()
+    assert len(d["best"]) == 2 and d["timing"]["points"] == 16
+    code = main(["wsc-llm", "baselines", "--model", "llama2-7b", "--wafer", "wsc-4x4", "--cluster",
+                 "a100-cluster-2x8", "--loads", "1,2", "--requests", "40", "--seed", "2", "--out", str(out),
+                 "--figures-dir", str(tmp_path), *TINY])
+    text = capsys.readouterr().out
+    assert code == 0 and text.startswith("WSC-LLM baselines: llama2-7b, azure-conv")
+    assert "gains (goodput ratios" in text and "A100 + Splitwise" in text
+    assert (tmp_path / "wsc_latency_cdf.png").exists() and (tmp_path / "wsc_ablation.png").exists()
+    assert (out / "wsc_baselines.csv").exists() and (out / "wsc_baselines_gains.csv").exists()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["explore", "--loads", "1,-2"], "--loads values must be positive"),
+    (["explore", "--grids", "4by4"], "die grids are given as RxC"),
+    (["explore", "--workloads", "chat"], "unknown workload"),
+    (["explore", "--dram-gb", "abc"], "--dram-gb expects comma-separated numbers"),
+    (["explore", "--window-s", "0"], "--window-s must be positive"),
+    (["baselines", "--cluster", "wsc-4x4"], "must be a GPU cluster"),
+    (["baselines", "--loads", "0"], "--loads values must be positive"),
+    (["baselines", "--model", "nope"], "unknown model"),
+])
+def test_cli_bad_input_exit_2(args, fragment, capsys):
+    code = main(["wsc-llm", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_bench_wsc_serving_json(capsys):
+    code = main(["bench", "wsc-serving", "--model", "llama2-7b", "--hardware", "wsc-4x4", "--points", "2",
+                 "--requests", "40", "--json", *TINY])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and d["points"] == 2 and d["same_finished_all"]
+    assert d["array_requests_per_wall_s"] > 0 and d["reference_requests_per_wall_s"] > 0
+    assert d["speedup"] == pytest.approx(d["array_requests_per_wall_s"] / d["reference_requests_per_wall_s"])
+    assert d["e2e_max_rel_err_max"] < 1e-4
+    assert main(["bench", "wsc-serving", "--points", "0"]) == 2

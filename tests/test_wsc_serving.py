@@ -1,0 +1,120 @@
+"""Batched serving simulation: conservation, determinism, infeasible points, bad input, ``wsc-llm serve``."""
+
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mocap_jax.cli import main
+from mocap_jax.specs import SpecError
+from mocap_jax.wsc import serving as sv
+from mocap_jax.wsc.workload import WORKLOAD_PRESETS, synthetic_trace
+
+CONFIG = sv.ServingConfig(max_batch=32)
+WL = WORKLOAD_PRESETS["azure-conv"]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    s = sv.build_setup("llama2-7b", "wsc-4x4", WL, "wsc", config=CONFIG)
+    assert s.feasible and s.memory_policy == "greedy" and s.placement == "decode-centred"
+    return s
+
+
+def _run(setup, seed, n=60, load=1.0, dtype=jnp.float32):
+    tr = synthetic_trace("azure-conv", n, load * setup.served_rps, seed=seed)
+    return sv.simulate([(setup, tr)], dtype=dtype, keep_raw=True).results[0]
+
+
+def test_conservation_every_request_once_and_tokens_add_up(setup):
+    res = _run(setup, seed=1)
+    tr, rm, raw, m = res.trace, res.requests, res.raw, res.metrics
+    n = len(tr)
+    assert m["complete"] and m["finished"] == n and m["dropped"] == 0
+    assert np.all(np.isfinite(raw["finish_t"])) and np.all(np.isfinite(raw["ttft_t"]))
+    # each request was dispatched to one prefill and one decode instance, in range
+    assert raw["pinst"].min() >= 0 and raw["pinst"].max() < setup.n_prefill
+    assert raw["dinst"].min() >= 0 and raw["dinst"].max() < setup.n_decode
+    # causality: arrival <= first token <= KV ready (placement + transfer) <= last token
+    assert np.all(raw["ttft_t"] >= tr.arrival_s)
+    assert np.all(raw["ready_t"] >= raw["ttft_t"]) and np.all(raw["finish_t"] > raw["ready_t"])
+    # every output token is produced: decode time >= (O - 1) iterations of at least the unloaded TPOT
+    assert np.all(rm.tpot > 0) and np.all(rm.e2e >= rm.ttft)
+    assert m["tokens_per_s"] * m["makespan_s"] == pytest.approx(tr.output_tokens.sum(), rel=1e-9)
+    assert m["throughput_rps"] * m["makespan_s"] == pytest.approx(n, rel=1e-9)
+    assert m["makespan_s"] == pytest.approx(raw["finish_t"].max() - tr.arrival_s[0], rel=1e-9)
+    # KV is all freed at the end: mean utilisation lies between the resident share and the peak
+    resident = setup.resident.sum() / setup.capacity.sum()
+    assert resident <= m["dram_util_mean"] <= m["dram_util_peak"] <= 1.0
+    assert 0.0 <= m["slo_attainment"] <= 1.0 and m["goodput_rps"] == pytest.approx(m["slo_attainment"] * tr.rate)
+    # shortest-queue dispatch spreads the requests over the prefill instances
+    assert len(set(raw["pinst"].tolist())) == setup.n_prefill
+
+
+def test_determinism_under_a_seed(setup):
+    a, b, c = _run(setup, seed=7), _run(setup, seed=7), _run(setup, seed=8)
+    for k in ("ttft_t", "finish_t", "ready_t", "pinst", "dinst"):
+        assert np.array_equal(a.raw[k], b.raw[k])
+    assert not np.array_equal(a.raw["finish_t"], c.raw["finish_t"])
+
+
+def test_more_load_more_queueing(setup):
+    lo, hi = _run(setup, seed=3, load=0.3), _run(setup, seed=3, load=3.0)
+    assert hi.metrics["ttft_mean"] > lo.metrics["ttft_mean"]
+    assert hi.metrics["e2e_mean"] > lo.metrics["e2e_mean"]
+
+
+def test_infeasible_design_point_is_a_result_not_a_crash(setup):
+    bad = sv.build_setup("llama3.1-405b", "wsc-2x2", WL, "wsc", config=CONFIG)
+    tr = synthetic_trace("conv", 10, 1.0)
+    rep = sv.simulate([(bad, tr)])
+    m = rep.results[0].metrics
+    assert not bad.feasible and rep.groups == 0
+    assert m["e2e_mean"] == math.inf and m["goodput_rps"] == 0.0 and m["finished"] == 0
+    assert rep.results[0].row()["feasible"] is False
+
+
+def test_bad_input_is_a_clear_value_error(setup):
+    with pytest.raises(SpecError, match="chunk_tokens must be a positive integer"):
+        sv.ServingConfig(chunk_tokens=0)
+    with pytest.raises(SpecError, match="tpot_slo_s must be a positive number"):
+        sv.ServingConfig(tpot_slo_s=-1.0)
+    with pytest.raises(SpecError, match="unknown scheduler 'fifo'"):
+        sv.build_setup("llama2-7b", "wsc-4x4", WL, "fifo")
+    with pytest.raises(SpecError, match="unknown memory policy"):
+        sv.build_setup("llama2-7b", "wsc-4x4", WL, "wsc", "remote")
+    with pytest.raises(SpecError, match="needs a mesh wafer"):
+        sv.build_setup("llama2-7b", "a100-cluster", WL, "wsc", placement="random")
+    with pytest.raises(ValueError, match="unknown model"):
+        sv.build_setup("llama-9", "wsc-4x4", WL)
+    shape = sv.shape_for([setup], 64, CONFIG)
+    with pytest.raises(SpecError, match="holds 64"):
+        sv.pack_inputs(setup, synthetic_trace("conv", 65), shape)
+
+
+def test_serve_cli_json_and_table(capsys):
+    args = ["wsc-llm", "serve", "--model", "llama2-7b", "--hardware", "wsc-4x4", "--requests", "60",
+            "--max-batch", "32", "--load", "1.0"]
+    assert main(args + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["metrics"]["finished"] == 60 and d["setup"]["scheduler"] == "wsc" and d["trace"]["requests"] == 60
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "TTFT mean s" in out and "goodput req/s" in out and "finished 60 / 60" in out
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--rate", "-3"], "--rate must be a positive number"),
+    (["--load", "0"], "--load must be a positive number"),
+    (["--rate", "2", "--load", "1"], "give --rate or --load, not both"),
+    (["--workload", "chat"], "unknown workload"),
+    (["--requests", "1"], "--requests must be an integer >= 2"),
+    (["--model", "llama3.1-405b", "--hardware", "wsc-2x2"], "cannot be served on wsc-2x2"),
+    (["--tpot-slo-ms", "-5"], "must be positive numbers"),
+])
+def test_serve_cli_bad_input_exit_2(args, fragment, capsys):
+    code = main(["wsc-llm", "serve", "--hardware", "wsc-4x4", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
