@@ -187,42 +187,47 @@ class AnnealResult(NamedTuple):
 PENALTY = 1e6   # relative objective of an infeasible partition
 
 
-def _anneal_impl(objective, ctx, init, key, reference, *, steps: int, max_shift: int, t_start: float, t_end: float):
-    """Chains ``init[C, M]`` annealed under ``objective(units[M], ctx) -> seconds`` (vmapped over chains)."""
-    chains, M = init.shape
+def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
+    """One Metropolis step of every chain at temperature ``temp`` (relative to ``reference``).
+
+    ``carry = (part, val, best, best_val, accepted, key)``.
+    """
+    part, val, best, best_val, acc, key = carry
+    chains, M = part.shape
+    rows = jnp.arange(chains)
     f = jax.vmap(objective, in_axes=(0, None))
     rel = lambda v: jnp.where(jnp.isfinite(v), v / reference, PENALTY)
-    decay = (t_end / t_start) ** (1.0 / max(steps - 1, 1))
-    rows = jnp.arange(chains)
-
-    def step(carry, i):
-        part, val, best, best_val, acc, key = carry
-        key, kb, ks, kd, ku = jax.random.split(key, 5)
-        bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32)
-        mag = jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32)
-        delta = jnp.where(jax.random.bernoulli(kd, 0.5, (chains,)), mag, -mag)
-        left = part[rows, bnd] + delta
-        right = part[rows, bnd + 1] - delta
-        ok = (left >= 1) & (right >= 1) & (M > 1)
-        prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
-        prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
-        pv = rel(f(prop, ctx))
-        temp = t_start * decay ** i
-        accept = ok & ((pv <= val) | (jax.random.uniform(ku, (chains,)) < jnp.exp(-(pv - val) / temp)))
-        part = jnp.where(accept[:, None], prop, part)
-        val = jnp.where(accept, pv, val)
-        better = val < best_val
-        best = jnp.where(better[:, None], part, best)
-        best_val = jnp.where(better, val, best_val)
-        return (part, val, best, best_val, acc + accept.sum().astype(jnp.int32), key), None
-
-    v = rel(f(init, ctx))
-    carry = (init, v, init, v, jnp.zeros((), jnp.int32), key)
-    (_, _, best, best_val, acc, _), _ = jax.lax.scan(step, carry, jnp.arange(steps))
-    return best, best_val * reference, acc
+    key, kb, ks, kd, ku = jax.random.split(key, 5)
+    bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32)
+    mag = jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32)
+    delta = jnp.where(jax.random.bernoulli(kd, 0.5, (chains,)), mag, -mag)
+    left = part[rows, bnd] + delta
+    right = part[rows, bnd + 1] - delta
+    ok = (left >= 1) & (right >= 1) & (M > 1)
+    prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
+    prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
+    pv = rel(f(prop, ctx))
+    accept = ok & ((pv <= val) | (jax.random.uniform(ku, (chains,)) < jnp.exp(-(pv - val) / temp)))
+    part = jnp.where(accept[:, None], prop, part)
+    val = jnp.where(accept, pv, val)
+    better = val < best_val
+    best = jnp.where(better[:, None], part, best)
+    best_val = jnp.where(better, val, best_val)
+    return part, val, best, best_val, acc + accept.sum().astype(jnp.int32), key
 
 
-anneal_jit = jax.jit(_anneal_impl, static_argnames=("objective", "steps", "max_shift", "t_start", "t_end"))
+def _anneal_init(objective, ctx, init, key, reference):
+    v = jax.vmap(objective, in_axes=(0, None))(init, ctx)
+    v = jnp.where(jnp.isfinite(v), v / reference, PENALTY)
+    return init, v, init, v, jnp.zeros((), jnp.int32), key
+
+
+anneal_step_jit = jax.jit(_anneal_step, static_argnames=("objective", "max_shift"), donate_argnums=(2,))
+"""One annealing step for every chain, compiled once per objective and shape.  The
+step loop runs in Python: an objective that itself scans (the §5 recurrence, the
+MBKR event scans) ran several times slower nested inside an XLA while loop on CPU."""
+
+anneal_init_jit = jax.jit(_anneal_init, static_argnames=("objective",))
 
 
 def _call(objective, units, ctx):
@@ -238,8 +243,6 @@ objective_jit = jax.jit(_call, static_argnums=0)
 
 objective_many_jit = jax.jit(_call_many, static_argnums=0)
 """``objective`` vmapped over ``units[P, M]``, compiled once per objective and shape."""
-"""``jit`` of the annealer; ``objective`` must be hashable (e.g. a frozen dataclass) so repeated
-calls with the same objective structure reuse one compiled program."""
 
 
 def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
@@ -266,9 +269,19 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
         reference = float(np.asarray(objective_jit(objective, init[0], ctx)))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
-    best, best_val, acc = anneal_jit(objective, ctx, init, key, jnp.asarray(reference, jnp.float32), steps=steps,
-                                     max_shift=max_shift, t_start=t_start, t_end=t_end)
-    best_val = np.asarray(best_val)
+    ref = jnp.asarray(reference, jnp.float32)
+    ctx = jax.device_put(ctx)
+    temps = jnp.asarray(t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1)), jnp.float32)
+    devices = jax.devices()
+    if len(devices) > 1 and init.shape[0] % len(devices) == 0 and init.shape[0] // len(devices) >= 256:
+        # many chains: split them across local devices
+        mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(jax.sharding.AxisType.Auto,))
+        init = jax.device_put(init, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("chains")))
+    carry = anneal_init_jit(objective, ctx, init, key, ref)
+    for i in range(steps):   # geometric cooling from t_start to t_end
+        carry = anneal_step_jit(objective, ctx, carry, temps[i], ref, max_shift=max_shift)
+    _, _, best, best_val, acc, _ = carry
+    best_val = np.asarray(best_val) * reference
     i = int(np.argmin(best_val))
     val = float(best_val[i]) if best_val[i] < PENALTY * reference else float("inf")
     return AnnealResult(np.asarray(best[i]), val, best_val, float(acc) / (init.shape[0] * steps))

@@ -138,7 +138,8 @@ TABLES = ("sweep", "fixed", "grid", "points")
 
 OUTPUT_COLUMNS = (
     "feasible", "reason", "prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction",
-    "batch_used", "peak_mem_bytes", "kv_peak_bytes", "workspace_bytes", "weight_bytes", "usable_hbm_bytes",
+    "batch_used", "max_peak_mem_bytes", "max_kv_peak_bytes", "max_workspace_bytes", "max_stage_weight_bytes",
+    "usable_hbm_bytes",
     "max_stage_utilisation", "spilled_bytes", "remote_read_s", "remote_read_unhidden_s", "spill_write_s",
     "blocking_s", "migrate_s", "load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "load_throughput_rps",
     "partition",
@@ -149,6 +150,7 @@ INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stage
                  "max_batch", "seed") + DIE_FIELDS
 PROVENANCE_COLUMNS = ("mocap_jax_version", "config_hash", "device_kind", "devices", "bucket")
 COLUMNS = ("point_id",) + INPUT_COLUMNS + OUTPUT_COLUMNS + PROVENANCE_COLUMNS
+assert len(set(COLUMNS)) == len(COLUMNS)
 MBKR_OUTPUTS = ("spilled_bytes", "remote_read_s", "remote_read_unhidden_s", "spill_write_s", "blocking_s", "migrate_s")
 
 
@@ -463,8 +465,36 @@ class Space:
 
 
 def _unique_rows(cols: list[np.ndarray]):
-    m = np.stack(cols, axis=1)
-    uniq, inv = np.unique(m, axis=0, return_inverse=True)
+    """Unique rows of the columns (lexicographic order) and the row index of every element.
+
+    Each column is first reduced to dense codes, which are combined into one int64
+    key (mixed radix), so only 1-D sorts run (``np.unique(axis=0)`` is much slower).
+    """
+    n = len(cols[0])
+    key = np.zeros(n, np.int64)
+    uvals = []
+    radix = 1
+    for col in cols:
+        u, inv = np.unique(np.asarray(col), return_inverse=True)
+        uvals.append(u)
+        radix *= max(len(u), 1)
+        if radix >= 1 << 62:   # too many combinations for one key: fall back
+            m = np.stack([np.asarray(c, np.float64) for c in cols], axis=1)
+            uniq, inv = np.unique(m, axis=0, return_inverse=True)
+            return uniq, inv.reshape(-1)
+        key = key * max(len(u), 1) + inv.reshape(-1)
+    ukey, inv = np.unique(key, return_inverse=True)
+    rows = []
+    rest = ukey
+    for u in reversed(uvals):
+        size = max(len(u), 1)
+        rows.append(u[rest % size])
+        rest = rest // size
+    rows.reverse()
+    if not n:
+        return np.zeros((0, len(cols))), inv.reshape(-1)
+    ints = all(np.issubdtype(r.dtype, np.integer) or r.dtype == bool for r in rows)
+    uniq = np.stack([r.astype(np.int64 if ints else np.float64) for r in rows], axis=1)
     return uniq, inv.reshape(-1)
 
 
@@ -489,7 +519,6 @@ class Resolved:
     stages: np.ndarray       # N per point
     scheme: np.ndarray       # scheme strings (object)
     reason: np.ndarray       # int code into REASONS
-    bucket_key: list         # per point: tuple (only for callers that need it)
 
 
 class Resolver:
@@ -579,8 +608,8 @@ class Resolver:
             reason[sel] = REASONS.index(code)
 
         stages_given = np.array([v is not None for v in t["stages"]], bool)[c["stages"]]
-        mark(serial & ~auto & ~np.isin(scheme, ()), "serial-batch")
-        mark(serial & stages_given, "serial-stages")
+        mark(serial & ~auto, "serial-batch")
+        mark((serial | auto) & stages_given, "serial-stages")
         mark(stages > dies, "stages>dies")
         mark(stages > layers, "stages>layers")
         mark(chunked & (chunks > seq), "chunks>seq_len")
@@ -606,7 +635,7 @@ class Resolver:
             full[ok] = over[inv]
             mark(full, "weights")
         return Resolved(ids=np.asarray(ids, np.int64), codes=c, hw_specs=specs, hw_inv=hw_inv, models=self.models,
-                        stages=stages, scheme=scheme, reason=reason, bucket_key=[])
+                        stages=stages, scheme=scheme, reason=reason)
 
     def explain(self, r: Resolved, j: int) -> str:
         """One-line message for the impossible point ``r.ids[j]``, naming the keys."""
@@ -647,7 +676,8 @@ class Resolver:
             msg = (f"scheme {scheme} always runs at its largest feasible batch: set batch = \"auto\" for it "
                    f"(use a separate [[grid]] table for the slow schemes)")
         elif code == "serial-stages":
-            msg = f"scheme {scheme} uses every die: stages cannot be set for it"
+            msg = (f"scheme {scheme} (or batch = \"auto\") runs through compare.evaluate_scheme, which uses every "
+                   f"die: stages cannot be set for it")
         else:
             msg = code
         return msg
@@ -905,9 +935,8 @@ def build_fast_inputs(plan: Plan, bucket: Bucket, r: Resolved, cache: TemplateCa
         loads = col("load", np.float64)
         seeds = col("seed")
         kinds = c["arrivals"][pad]
-        u, inv = _unique_rows([np.arange(size) * 0 + kinds, loads.view(np.int64), seeds])
-        arr = [cache.arrivals(t["arrivals"][int(kd)], float(np.int64(ld).view(np.float64)), R, int(sd))
-               for kd, ld, sd in u]
+        u, inv = _unique_rows([kinds.astype(np.float64), loads, seeds.astype(np.float64)])
+        arr = [cache.arrivals(t["arrivals"][int(kd)], float(ld), R, int(sd)) for kd, ld, sd in u]
         extra = {"partition": part_pad, "seq_len": seq.astype(np.int32), "batch": batch.astype(np.int32),
                  "arrivals": np.stack(arr)[inv]}
     return point, extra
@@ -927,8 +956,9 @@ def _lean_one(point: Point, extra: dict, shape: SimShape, sshape: ServingShape |
     mx = lambda a: jnp.max(jnp.where(live, a, 0.0))
     r = dict(prefill_latency_s=o["prefill_latency_s"], raw_latency_s=o["raw_latency_s"], feasible=o["feasible"],
              throughput_rps=o["throughput_rps"], period_s=o["period_s"], bubble_fraction=o["bubble_fraction"],
-             peak_mem_bytes=mx(o["peak_mem_bytes_per_stage"]), kv_peak_bytes=mx(o["kv_peak_bytes_per_stage"]),
-             workspace_bytes=mx(o["workspace_bytes_per_stage"]), weight_bytes=mx(o["weight_bytes_per_stage"]),
+             max_peak_mem_bytes=mx(o["peak_mem_bytes_per_stage"]), max_kv_peak_bytes=mx(o["kv_peak_bytes_per_stage"]),
+             max_workspace_bytes=mx(o["workspace_bytes_per_stage"]),
+             max_stage_weight_bytes=mx(o["weight_bytes_per_stage"]),
              usable_hbm_bytes=o["capacity_bytes"], max_stage_utilisation=mx(o["stage_utilisation"]))
     if shape.mbkr != "off":
         r.update({k: o[k] for k in MBKR_OUTPUTS})
@@ -951,7 +981,7 @@ def _program(shape: SimShape, sshape, micro: int, mesh):
         n = jax.tree_util.tree_leaves(points)[0].shape[0]
         split = lambda a: a.reshape((n // micro, micro) + a.shape[1:])
         xs = jax.tree_util.tree_map(split, (points, extra))
-        out = jax.lax.map(jax.vmap(lambda p, e: _lean_one(p, e, shape, sshape)), xs)
+        out = jax.lax.map(jax.vmap(lambda pe: _lean_one(pe[0], pe[1], shape, sshape)), xs)
         return jax.tree_util.tree_map(lambda a: a.reshape((n,) + a.shape[2:]), out)
 
     spec = PartitionSpec("points")
@@ -1001,6 +1031,10 @@ def _input_columns(plan: Plan, r: Resolved, P: int) -> dict[str, np.ndarray]:
     return cols
 
 
+def _needs_quoting(values) -> bool:
+    return any(("," in v) or ('"' in v) or ("\n" in v) for v in values)
+
+
 def _write_part(path: Path, plan: Plan, r: Resolved, outputs: dict[str, np.ndarray], prov: dict, bucket: Bucket):
     P = len(r.ids)
     cols = {"point_id": r.ids.astype(str).astype(object)}
@@ -1009,14 +1043,17 @@ def _write_part(path: Path, plan: Plan, r: Resolved, outputs: dict[str, np.ndarr
         cols[k] = outputs.get(k, np.full(P, "", dtype=object))
     for k in PROVENANCE_COLUMNS:
         cols[k] = np.full(P, str(prov[k] if k != "bucket" else bucket.index), dtype=object)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerows(zip(*(cols[k] for k in COLUMNS)))
+    ordered = [cols[k] for k in COLUMNS]
+    if _needs_quoting(set(cols["model"]) | set(cols["hardware"]) | set(cols["reason"])):
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(zip(*ordered))
+        text = buf.getvalue()
+    else:   # nothing to quote: plain joins are several times faster than the csv module
+        text = "\n".join([",".join(row) for row in zip(*ordered)]) + "\n"
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "w", newline="") as fh:
-        fh.write(buf.getvalue())
+        fh.write(text)
     os.replace(tmp, path)
-    return int(np.sum(outputs["feasible"] == "true"))
 
 
 def _fast_outputs(raw: dict, r: Resolved, bucket: Bucket, plan: Plan) -> dict[str, np.ndarray]:
@@ -1025,8 +1062,9 @@ def _fast_outputs(raw: dict, r: Resolved, bucket: Bucket, plan: Plan) -> dict[st
     feas = np.asarray(raw["feasible"])[:P].astype(bool)
     out["feasible"] = np.where(feas, "true", "false").astype(object)
     out["reason"] = np.where(feas, "", "memory").astype(object)
-    for k in ("prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction", "peak_mem_bytes",
-              "kv_peak_bytes", "workspace_bytes", "weight_bytes", "usable_hbm_bytes", "max_stage_utilisation"):
+    for k in ("prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction",
+              "max_peak_mem_bytes", "max_kv_peak_bytes", "max_workspace_bytes", "max_stage_weight_bytes",
+              "usable_hbm_bytes", "max_stage_utilisation"):
         out[k] = _f32str(np.asarray(raw[k])[:P])
     c = r.codes
     out["batch_used"] = plan.space.str_tables["batch"][c["batch"]]
@@ -1244,31 +1282,18 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
     exact = bool(cfg.settings["exact"])
     compiles0 = STATS["compiles"]
     compile_s = 0.0
-    todo = []
     skipped_pts = 0
-    g = 0
     total_blocks = len(expected)
-    for b, k, ids in plan.blocks():
-        mine = (g % nproc) == pid
-        g += 1
-        if not mine:
-            continue
-        name = expected[(b.index, k)]
-        if resume and (parts / name).exists():
-            skipped_pts += len(ids)
-            continue
-        todo.append((b, k, ids, name))
-    to_eval = sum(len(x[2]) for x in todo)
+    sizes = {}
+    for b in plan.buckets.values():
+        cap = plan.block_cap(b)
+        nblk = -(-b.points // cap)
+        for k in range(nblk):
+            sizes[(b.index, k)] = cap if k < nblk - 1 else b.points - cap * (nblk - 1)
+    pending_pts = sum(n for key, n in sizes.items() if not (resume and (parts / expected[key]).exists()))
+    to_eval = -(-pending_pts // nproc)
     if limit is not None:
-        acc, cut = 0, 0
-        for cut, x in enumerate(todo):
-            if acc >= limit:
-                break
-            acc += len(x[2])
-        else:
-            cut = len(todo)
-        todo = todo[:cut]
-        to_eval = sum(len(x[2]) for x in todo)
+        to_eval = min(to_eval, limit)
     bar = None
     if not quiet:
         from tqdm import tqdm
@@ -1276,6 +1301,7 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
         bar = tqdm(total=to_eval, unit="pt", unit_scale=True, file=sys.stderr, dynamic_ncols=True,
                    desc=f"sweep {cfg.name}", smoothing=0.05)
     evaluated = 0
+    submitted = 0
     done_blocks = 0
     pending = None
 
@@ -1295,8 +1321,23 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
         if bar is not None:
             bar.update(len(ids))
 
+    def my_blocks():
+        """This process's blocks still to do, streamed (no per-point state is kept)."""
+        nonlocal skipped_pts
+        for g, (b, k, ids) in enumerate(plan.blocks()):
+            if g % nproc != pid:
+                continue
+            name = expected[(b.index, k)]
+            if resume and (parts / name).exists():
+                skipped_pts += len(ids)
+                continue
+            yield b, k, ids, name
+
     try:
-        for b, k, ids, name in todo:
+        for b, k, ids, name in my_blocks():
+            if limit is not None and submitted >= limit:
+                break
+            submitted += len(ids)
             r = plan.resolver.resolve(ids)
             handle = None
             if b.kind == "fast":
@@ -1345,31 +1386,39 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
 
 
 def _assemble(results: Path, parts: Path, plan: Plan, expected: dict) -> int:
-    """Merge the part files (each sorted by point id) into one CSV in point order; return the feasible count."""
+    """Merge the part files (each sorted by point id) into one CSV in point order; return the feasible count.
+
+    Streams lines (a k-way merge over the buckets), so memory stays bounded.
+    """
     fi = COLUMNS.index("feasible")
 
     def stream(bidx: int):
         k = 0
         while (bidx, k) in expected:
             with open(parts / expected[(bidx, k)], newline="") as fh:
-                for row in csv.reader(fh):
-                    yield int(row[0]), row
+                for line in fh:
+                    yield int(line[: line.index(",")]), line
             k += 1
 
+    def feasible_of(line: str) -> bool:
+        if '"' in line:
+            return next(csv.reader([line]))[fi] == "true"
+        return line.split(",", fi + 1)[fi] == "true"
+
     streams = [stream(b.index) for b in sorted(plan.buckets.values(), key=lambda b: b.index)]
+    merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda x: x[0])
     tmp = results.with_name(results.name + f".tmp{os.getpid()}")
     feasible = 0
     with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
+        fh.write(",".join(COLUMNS) + "\n")
         buf = []
-        for _, row in heapq.merge(*streams, key=lambda x: x[0]):
-            feasible += row[fi] == "true"
-            buf.append(row)
+        for _, line in merged:
+            feasible += feasible_of(line)
+            buf.append(line)
             if len(buf) >= 8192:
-                w.writerows(buf)
+                fh.writelines(buf)
                 buf.clear()
-        w.writerows(buf)
+        fh.writelines(buf)
     os.replace(tmp, results)
     return feasible
 

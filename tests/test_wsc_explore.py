@@ -51,7 +51,9 @@ def test_explore_rows_best_and_csv(explored, tmp_path):
         assert len(rates) == 1
     # the best design per workload maximises its score among the explored points
     sc = ex.scores(res.rows)
-    for b in res.best:
+    assert {b["subset"] for b in res.best} == {"all", "shoreline"}  # 32 GB / 1 TB/s / 2.5 TB/s is on the line
+    assert [b["hardware"] for b in res.best if b["subset"] == "shoreline"] == ["4x4 32GB 1TB/s D2D 2.5TB/s"] * 2
+    for b in [b for b in res.best if b["subset"] == "all"]:
         mine = sc[(b["hardware"], "llama2-7b", b["workload"])]["score"]
         assert mine == max(v["score"] for (h, m, w), v in sc.items() if w == b["workload"])
         assert b["score_geomean"] == pytest.approx(1.0)
@@ -123,7 +125,7 @@ def test_explore_and_baselines_cli(tmp_path, capsys):
                  "--out", str(out), "--figure", str(fig), "--json", *TINY])
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and fig.exists() and (out / "wsc_explore.csv").exists() and (out / "wsc_explore_best.csv").exists()
-    assert len(d["best"]) == 2 and d["timing"]["points"] == 16
+    assert len(d["best"]) == 4 and d["timing"]["points"] == 16
     code = main(["wsc-llm", "baselines", "--model", "llama2-7b", "--wafer", "wsc-4x4", "--cluster",
                  "a100-cluster-2x8", "--loads", "1,2", "--requests", "40", "--seed", "2", "--out", str(out),
                  "--figures-dir", str(tmp_path), *TINY])

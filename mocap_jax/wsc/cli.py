@@ -702,13 +702,14 @@ def cmd_explore(args) -> int:
     print()
     print("best design per workload (score: geometric mean over models of SLO goodput summed over rates, "
           "normalised to the best point per model):")
-    print(table(["workload", "best hardware", "score", "runner-up", "score "],
-                [[b["workload"], b["hardware"], b["score_geomean"], b["runner_up"] or "-",
+    print("(subset 'shoreline': only points on the template trade-off D2D = 3 - DRAM TB/s / 2)")
+    print(table(["workload", "subset", "best hardware", "score", "runner-up", "score "],
+                [[b["workload"], b["subset"], b["hardware"], b["score_geomean"], b["runner_up"] or "-",
                   b["runner_up_score"] if b["runner_up_score"] is not None else float("nan")] for b in res.best]))
     print()
     print("best per workload and model:")
-    print(table(["workload", "model", "best hardware", "goodput sum req/s", "E2E mean s"],
-                [[b["workload"], b["model"], b["hardware"], b["goodput_sum_rps"], b["e2e_mean_s"]]
+    print(table(["workload", "model", "subset", "best hardware", "goodput sum req/s", "E2E mean s"],
+                [[b["workload"], b["model"], b["subset"], b["hardware"], b["goodput_sum_rps"], b["e2e_mean_s"]]
                  for b in res.best_per_model]))
     print(f"\nresults: {csv_path}, {best_path}" + (f"; figure: {fig}" if fig else ""))
     print(f"set-up {t['setup_s']:.1f} s, simulation {t['simulate_s']:.1f} s ({t['groups']} compiled groups, compile "

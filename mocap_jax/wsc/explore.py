@@ -72,9 +72,18 @@ class HardwarePoint:
     def spec(self) -> WaferSpec:
         return wsc_wafer(self.rows, self.cols, self.dram_gb, self.dram_tbps, self.d2d_tbps)
 
+    @property
+    def on_shoreline(self) -> bool:
+        """On the template's trade-off line ``D2D = 3 - DRAM bandwidth / 2`` (TB/s).
+
+        The line through the published points (2 TB/s DRAM with 2 TB/s D2D, 3 with 1.5)
+        and the 1 TB/s / 2.5 TB/s corner: a die's shoreline buys DRAM or D2D bandwidth.
+        """
+        return abs(self.d2d_tbps + self.dram_tbps / 2.0 - 3.0) < 1e-9
+
     def as_dict(self) -> dict[str, Any]:
         return {"grid": f"{self.rows}x{self.cols}", "dies": self.rows * self.cols, "dram_gb": self.dram_gb,
-                "dram_tbps": self.dram_tbps, "d2d_tbps": self.d2d_tbps}
+                "dram_tbps": self.dram_tbps, "d2d_tbps": self.d2d_tbps, "shoreline": self.on_shoreline}
 
 
 def _positive_list(name: str, values) -> tuple[float, ...]:
@@ -210,8 +219,9 @@ def explore(models: Sequence[str] = DEFAULT_MODELS, workloads: Sequence[str] = D
       loads: request rates as multiples of the reference design's capacity per (model, workload).
       hardware: hardware points (default :func:`template_points` with its defaults).
       requests: requests per simulated point; default ``None`` sizes each (model, workload,
-        load) to ``window_s`` seconds of arrivals, clipped to ``[min_requests, max_requests]``
-        (so queues can build up at every rate; points of similar size share a program).
+        load) to cover ``window_s`` seconds of arrivals, rounded up to one of three size
+        classes (``max_requests / 12``, ``/ 3``, ``max_requests``; at least ``min_requests``),
+        so queues can build up at every rate and the points share at most three programs.
       window_s, min_requests, max_requests: that sizing.
       config: serving knobs (chunk, SLOs, batch, window, ...).
       seed: trace seed (the same for every point of a (workload, load)).
@@ -242,10 +252,15 @@ def explore(models: Sequence[str] = DEFAULT_MODELS, workloads: Sequence[str] = D
     t0 = time.perf_counter()
     specs = [h.spec() for h in hardware]
     rates = reference_rates(models, workloads, loads, config, specs)
+    # request counts come from three size classes (max/12, max/3, max) so that the points share
+    # at most three compiled programs
+    classes = sorted({max(min_requests, max_requests // 12), max(min_requests, max_requests // 3), max_requests})
+
     def size(rate):
         if requests is not None:
             return requests
-        return int(min(max(round(rate * window_s), min_requests), max_requests))
+        target = rate * window_s
+        return next((c for c in classes if c >= target), classes[-1])
 
     traces = {(m, w, k): synthetic_trace(w, size(rates[(m, w)][k]), rates[(m, w)][k], seed + 1000 * k)
               for m in models for w in workloads for k in range(len(loads))}
@@ -268,6 +283,7 @@ def explore(models: Sequence[str] = DEFAULT_MODELS, workloads: Sequence[str] = D
         row.update({k: d.get(k) for k in ("feasible", "prefill", "n_prefill", "decode", "n_decode", "batch_cap",
                                            "served_rps", "dies_used")})
         row.update({k: v for k, v in res.metrics.items() if k != "requests"})
+        row["goodput_per_die"] = row["goodput_rps"] / h.rows / h.cols
         row["reason"] = res.setup.reason
         rows.append(row)
     best, best_model = best_designs(rows, hardware, models, workloads)
@@ -295,10 +311,27 @@ def _hw_key(r: dict[str, Any]) -> str:
 
 
 def best_designs(rows, hardware: Sequence[HardwarePoint], models: Sequence[str], workloads: Sequence[str]):
-    """Best hardware point per workload (geometric mean of normalised scores) and per (workload, model)."""
+    """Best hardware point per workload (geometric mean of normalised scores) and per (workload, model).
+
+    Returned twice per workload when some points lie on the template's shoreline trade-off
+    (:attr:`HardwarePoint.on_shoreline`): over all points (``subset`` ``all``) and over
+    those only (``shoreline``).
+    """
     sc = scores(rows)
-    labels = list(dict.fromkeys(f"{h.rows}x{h.cols} {h.dram_gb:g}GB {h.dram_tbps:g}TB/s D2D {h.d2d_tbps:g}TB/s"
-                                for h in hardware))
+    label = lambda h: f"{h.rows}x{h.cols} {h.dram_gb:g}GB {h.dram_tbps:g}TB/s D2D {h.d2d_tbps:g}TB/s"
+    best, per_model = [], []
+    subsets = [("all", list(dict.fromkeys(label(h) for h in hardware)))]
+    shore = list(dict.fromkeys(label(h) for h in hardware if h.on_shoreline))
+    if shore and len(shore) < len(subsets[0][1]):
+        subsets.append(("shoreline", shore))
+    for subset, labels in subsets:
+        b, pm = _best_of(sc, labels, models, workloads)
+        best += [dict(x, subset=subset) for x in b]
+        per_model += [dict(x, subset=subset) for x in pm]
+    return best, per_model
+
+
+def _best_of(sc, labels, models, workloads):
     best, per_model = [], []
     for w in workloads:
         norm = {}

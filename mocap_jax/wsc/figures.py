@@ -86,7 +86,7 @@ def run_design_space(result: "ex.ExploreResult | None" = None, **explore_kwargs)
     top = np.nanmax(np.where(np.isfinite(good), good, -np.inf), axis=(2, 3), keepdims=True)
     norm = np.where(top > 0, good / np.where(top > 0, top, 1.0), np.nan)
     best, best_cell = [], []
-    for b in res.best:
+    for b in [b for b in res.best if b.get("subset", "all") == "all"]:
         best.append(b["hardware"])
         grid, gb, tbps, _, d = b["hardware"].replace("GB", "").replace("TB/s", "").split()
         best_cell.append((d2d.index(float(d)), col_index[(grid, float(gb), float(tbps))]))

@@ -478,14 +478,15 @@ def _bucket(n: int, minimum: int = 8) -> int:
 
 
 def shape_for(setups: Sequence[ServingSetup], requests: int, config: ServingConfig) -> ServingShape:
-    """The smallest static shape that holds every (feasible) setup of a group."""
+    """The smallest static shape that holds every (feasible) setup of a group.
+
+    Set-ups with fewer dies than the largest are padded with dies that hold nothing and
+    accept no KV, so wafers of different grids and GPU clusters can share one program.
+    """
     ok = [s for s in setups if s.feasible]
     if not ok:
         raise SpecError("no feasible design point to simulate")
-    dies = {s.dies for s in ok}
-    if len(dies) != 1:
-        raise SpecError(f"a batched group needs one die count, got {sorted(dies)}")
-    return ServingShape(requests=int(requests), dies=dies.pop(), prefill=_bucket(max(s.n_prefill for s in ok), 1),
+    return ServingShape(requests=int(requests), dies=max(s.dies for s in ok), prefill=_bucket(max(s.n_prefill for s in ok), 1),
                         decode=_bucket(max(s.n_decode for s in ok), 1),
                         slots=_bucket(max(s.batch_cap for s in ok)), window=config.window, leap=config.leap,
                         remote=any(s.remote for s in ok))
@@ -500,7 +501,7 @@ def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jn
         raise SpecError(f"trace has {n} requests but the shape holds {shape.requests}")
     P, Q, D = shape.prefill, shape.decode, shape.dies
     n_p, n_d = setup.n_prefill, setup.n_decode
-    if n_p > P or n_d > Q or setup.dies != D or setup.batch_cap > shape.slots:
+    if n_p > P or n_d > Q or setup.dies > D or setup.batch_cap > shape.slots:
         raise SpecError(f"{setup.label} does not fit the shape {shape}")
     f = lambda x: np.asarray(x, dtype=dtype)
 
@@ -517,7 +518,7 @@ def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jn
         kv_bytes_per_token=f(setup.kv_bytes_per_token), lanes=f(setup.lanes),
         pre_valid=np.arange(P) < n_p, dec_valid=np.arange(Q) < n_d,
         prio=pad(setup.prio, (P, Q, D), mem.NOT_ALLOWED, np.int32), cap_allowed=pad(setup.cap_allowed, (P, Q), 0, dtype),
-        free0=f(setup.free0), resident=f(setup.resident), pq_hops=pad(setup.pq_hops, (P, Q), 0, np.int32),
+        free0=pad(setup.free0, (D,), 0, dtype), resident=pad(setup.resident, (D,), 0, dtype), pq_hops=pad(setup.pq_hops, (P, Q), 0, np.int32),
         p_die_hops=pad(setup.p_die_hops, (P, D), 0, dtype), p_die_internode=pad(setup.p_die_internode, (P, D), 0, dtype),
         p_die_own=pad(setup.p_die_own, (P, D), False, bool), q_die_hops=pad(setup.q_die_hops, (Q, D), 0, dtype),
         q_die_internode=pad(setup.q_die_internode, (Q, D), 0, dtype), q_ingress=pad(setup.q_ingress, (Q,), 1, dtype),
@@ -555,24 +556,41 @@ def _init_state(inp: ServingInputs, sh: ServingShape):
     }
 
 
+def greedy_allocate_pairwise(free, need, priority):
+    """:func:`mocap_jax.wsc.memory.greedy_allocate` without sorting (same rule, same result up to rounding).
+
+    Dies are taken in the order (priority, most free first, lowest index); the bytes
+    before die ``d`` in that order are summed from an ``[D, D]`` comparison instead of a
+    cumulative sum over a sorted copy, which compiles much faster inside the scan.
+
+    Args:
+      free: ``[D]`` free bytes.  need: bytes to place.  priority: ``[D]`` (3 = not allowed).
+
+    Returns:
+      (alloc ``[D]`` bytes, placed bool); all or nothing.
+    """
+    allowed = priority < mem.NOT_ALLOWED
+    f = jnp.where(allowed, free, 0.0)
+    idx = jnp.arange(f.shape[0])
+    pj, pd = priority[:, None], priority[None, :]
+    fj, fd = f[:, None], f[None, :]
+    before = (pj < pd) | ((pj == pd) & ((fj > fd) | ((fj == fd) & (idx[:, None] < idx[None, :]))))
+    taken_before = jnp.sum(jnp.where(before, fj, 0.0), axis=0)
+    placed = jnp.sum(f) >= need
+    take = jnp.clip(need - taken_before, 0.0, f)
+    return jnp.where(placed, take, 0.0), placed
+
+
 def _set(x, i, v, do):
     """``x[i] = v`` where ``do`` (row update, cheap under vmap)."""
     return x.at[i].set(jnp.where(do, v, x[i]))
 
 
-def _decode_time_fn(inp: ServingInputs, q, sh: ServingShape):
-    def f(n, ctx, rt):
-        if sh.remote:
-            remote = perf.RemoteKV(tokens=rt, hops=inp.q_die_hops[q], internode=inp.q_die_internode[q],
-                                   ingress_links=inp.q_ingress[q])
-        else:
-            remote = None
-        return perf.decode_time(inp.model, inp.hw, inp.dplan, n, ctx, remote)
-    return f
-
-
 def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     """Boundary of decode instance ``q`` at ``t`` (contract: finishes, admission, next iteration).
+
+    Returns the state after finishes and admission and the data of the next iteration
+    (its duration is evaluated with the prefill's in one call, :func:`_step`).
 
     At most ``sh.admit`` finishes and ``sh.admit`` admissions are processed per scan step;
     when a boundary has more, the instance keeps its event at ``t`` (``d_mid``) and the next
@@ -656,26 +674,55 @@ def _decode_event(inp: ServingInputs, st, q, t, do, t_arr, sh: ServingShape):
     p_next = jnp.where(do & (nfin > 0) & blocked, t, st["p_next"])
     others = jnp.where(jnp.arange(sh.decode) == q, inf, st["d_next"])
     bound = jnp.minimum(jnp.minimum(t_arr, jnp.min(p_next)), jnp.where(jnp.any(blocked), jnp.min(others), inf))
-    # this iteration and up to K quiet boundaries after it
-    j = jnp.arange(K + 1, dtype=ft)
-    dts = jax.vmap(_decode_time_fn(inp, q, sh), in_axes=(None, 0, 0))(n, c1 + j * n, rt[None, :] + j[:, None] * fr)
-    ends = t + jnp.cumsum(dts)
-    jj = j[:K] + 1.0
-    quiet = (jj < r_min) & ~(join_possible & (h_ready <= ends[:K])) & (ends[:K] < bound)
-    k = jnp.where(cont, 0, jnp.sum(jnp.cumprod(quiet.astype(i32)), dtype=i32))
-    nxt = jnp.where(cont, t, jnp.where(n > 0, ends[k], h_ready))
-    kf = k.astype(ft)
-    new_gen = new_gen + jnp.where(act3, kf, 0.0)
-    if sh.remote:
-        rt = rt + kf * fr
     st = dict(st)
     st.update(
         finish_t=finish_t, free=jnp.where(do, free, st["free"]), d_load=d_load, p_next=p_next,
         slot_req=_set(st["slot_req"], q, new_req, do), slot_gen=_set(st["slot_gen"], q, new_gen, do),
         slot_prompt=_set(st["slot_prompt"], q, new_pr, do), slot_out=_set(st["slot_out"], q, new_out, do),
-        d_head=_set(st["d_head"], q, head2, do), d_next=_set(st["d_next"], q, nxt, do),
-        d_mid=_set(st["d_mid"], q, cont, do), d_rt=_set(st["d_rt"], q, rt, do), d_fr=_set(st["d_fr"], q, fr, do),
-        leaped=st["leaped"] + jnp.where(do, k, 0))
+        d_head=_set(st["d_head"], q, head2, do), d_mid=_set(st["d_mid"], q, cont, do),
+        d_rt=_set(st["d_rt"], q, rt, do), d_fr=_set(st["d_fr"], q, fr, do))
+    post = {"q": q, "do": do, "t": t, "n": n, "c1": c1, "rt": rt, "fr": fr, "r_min": r_min, "cont": cont,
+            "join_possible": join_possible, "h_ready": h_ready, "bound": bound, "act": act3}
+    return st, post
+
+
+def _decode_iterations(inp: ServingInputs, post, sh: ServingShape):
+    """Aggregates of the decode iteration just started and the K after it (``[K + 1]`` each)."""
+    ft = inp.arrival.dtype
+    q, n = post["q"], post["n"]
+    j = jnp.arange(sh.leap + 1, dtype=ft)
+    ctx = post["c1"] + j * n
+    if sh.remote:
+        rt = post["rt"][None, :] + j[:, None] * post["fr"][None, :]
+        hops, inter, ingress = inp.q_die_hops[q], inp.q_die_internode[q], inp.q_ingress[q]
+        remote = jax.vmap(lambda r: perf.remote_kv_time(
+            inp.model, inp.hw, inp.dplan, perf.RemoteKV(tokens=r, hops=hops, internode=inter, ingress_links=ingress)))(rt)
+        local = jnp.maximum(ctx - jnp.sum(rt, axis=1), 0.0)
+    else:
+        remote = jnp.zeros_like(ctx)
+        local = jnp.maximum(ctx, 0.0)
+    tokens = jnp.full_like(ctx, n)
+    return tokens, ctx, local, tokens, remote  # (tokens, attention pairs, local KV tokens, LM-head tokens, remote)
+
+
+def _decode_finish(inp: ServingInputs, st, post, dts, sh: ServingShape):
+    """Fast-forward quiet boundaries and set the instance's next event (contract: no event reordered)."""
+    K = sh.leap
+    ft = inp.arrival.dtype
+    q, do, t, n = post["q"], post["do"], post["t"], post["n"]
+    dts = jnp.where(n > 0, dts, 0.0)
+    ends = t + jnp.cumsum(dts)
+    jj = jnp.arange(1, K + 1, dtype=ft)
+    quiet = (jj < post["r_min"]) & ~(post["join_possible"] & (post["h_ready"] <= ends[:K])) & (ends[:K] < post["bound"])
+    k = jnp.where(post["cont"], 0, jnp.sum(jnp.cumprod(quiet.astype(jnp.int32)), dtype=jnp.int32))
+    nxt = jnp.where(post["cont"], t, jnp.where(n > 0, ends[k], post["h_ready"]))
+    kf = k.astype(ft)
+    st = dict(st)
+    gen = st["slot_gen"][q] + jnp.where(post["act"], kf, 0.0)
+    st.update(slot_gen=_set(st["slot_gen"], q, gen, do), d_next=_set(st["d_next"], q, nxt, do),
+              leaped=st["leaped"] + jnp.where(do, k, 0))
+    if sh.remote:
+        st["d_rt"] = _set(st["d_rt"], q, post["rt"] + kf * post["fr"], do)
     return st
 
 
@@ -735,7 +782,7 @@ def _prefill_event(inp: ServingInputs, st, p, t, do, sh: ServingShape):
         q = jnp.argmin(key).astype(jnp.int32)
         need = (s_i + o_i) * inp.kv_bytes_per_token
         drop = ~one & (need > inp.cap_allowed[p, q])
-        row, ok = mem.greedy_allocate(free, need, inp.prio[p, q], jnp)
+        row, ok = greedy_allocate_pairwise(free, need, inp.prio[p, q])
         placed = ~one & ~drop & ok
         row = jnp.where(placed, row, 0.0)
         free = jnp.maximum(free - row, 0.0)
@@ -784,7 +831,6 @@ def _prefill_event(inp: ServingInputs, st, p, t, do, sh: ServingShape):
     n_new = jnp.sum(jnp.cumprod(last.astype(jnp.int32)), dtype=jnp.int32)
     nxt_chunk = chunk[jnp.clip(n_new, 0, W - 1)]
     nprog = jnp.where(n_new < W, jnp.where(n_new == 0, prog, 0.0) + nxt_chunk, 0.0)
-    dt = perf.prefill_iteration_time(inp.model, hw, inp.pplan, chunk, done, last, valid)
     start = (pend == 0) & jnp.any(valid)
     st = dict(st)
     st.update(
@@ -792,8 +838,22 @@ def _prefill_event(inp: ServingInputs, st, p, t, do, sh: ServingShape):
         dinst=dinst, finish_t=finish_t, dropped=dropped, overflow=ovf,
         p_head=_set(st["p_head"], p, head, do), p_pend=_set(st["p_pend"], p, pend, do),
         p_prog=_set(st["p_prog"], p, prog, do), p_busy=_set(st["p_busy"], p, start, do),
-        p_next=_set(st["p_next"], p, jnp.where(start, t + dt, inf), do),
         p_ncomp=_set(st["p_ncomp"], p, n_new, do & start), p_nprog=_set(st["p_nprog"], p, nprog, do & start))
+    # aggregates of the iteration that starts (perf.prefill_iteration_time), evaluated in _step
+    c = jnp.where(valid, chunk, 0.0)
+    pre = jnp.where(valid, done, 0.0)
+    agg = (jnp.sum(c), jnp.sum(c * (pre + (c + 1.0) / 2.0)), jnp.sum(jnp.where(c > 0, pre + c, 0.0)),
+           jnp.sum(valid & last, dtype=jnp.int32).astype(ft))
+    post = {"p": p, "do": do, "t": t, "start": start, "agg": agg}
+    return st, post
+
+
+def _prefill_finish(inp: ServingInputs, st, post, dt):
+    ft = inp.arrival.dtype
+    p, do, t = post["p"], post["do"], post["t"]
+    dt = jnp.where(post["agg"][0] > 0, dt, 0.0)
+    st = dict(st)
+    st["p_next"] = _set(st["p_next"], p, jnp.where(post["start"], t + dt, jnp.asarray(jnp.inf, ft)), do)
     return st
 
 
@@ -815,9 +875,21 @@ def _step(inp: ServingInputs, st, sh: ServingShape):
     st = dict(st)
     st["kv_area"] = st["kv_area"] + jnp.where(live, kv * (t - st["t_last"]), 0.0)
     st["t_last"] = jnp.where(live, t, st["t_last"])
-    st = _decode_event(inp, st, qd, t, do_d, t_a, sh)
+    st, dpost = _decode_event(inp, st, qd, t, do_d, t_a, sh)
     st = _arrival_event(inp, st, t, do_a, sh)
-    st = _prefill_event(inp, st, pp, t, do_p, sh)
+    st, ppost = _prefill_event(inp, st, pp, t, do_p, sh)
+    # one vmapped evaluation of the instance cost model (perf._iteration_time) for the K + 1 decode
+    # iterations and the prefill iteration: the same numbers as perf.decode_time /
+    # perf.prefill_iteration_time, compiled once
+    dargs = _decode_iterations(inp, dpost, sh)
+    pargs = ppost["agg"] + (jnp.zeros((), ft),)
+    args = [jnp.concatenate([d, jnp.reshape(x, (1,)).astype(ft)]) for d, x in zip(dargs, pargs)]
+    plans = jax.tree_util.tree_map(
+        lambda d, p: jnp.concatenate([jnp.broadcast_to(d, (sh.leap + 1,) + jnp.shape(d)), jnp.reshape(p, (1,) + jnp.shape(p))]),
+        inp.dplan, inp.pplan)
+    times = jax.vmap(perf._iteration_time, in_axes=(None, None, 0, 0, 0, 0, 0, 0))(inp.model, inp.hw, plans, *args)
+    st = _decode_finish(inp, st, dpost, times[:sh.leap + 1], sh)
+    st = _prefill_finish(inp, st, ppost, times[sh.leap + 1])
     st["kv_peak"] = jnp.maximum(st["kv_peak"], jnp.sum(inp.free0 - st["free"]))
     st["events"] = st["events"] + live.astype(jnp.int32)
     return st
@@ -1051,8 +1123,8 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
              chunk_steps: int = 512, keep_raw: bool = False) -> SimulationReport:
     """Simulate many (setup, trace) design points with the array program.
 
-    Points are grouped by static structure (die count, request-count bucket
-    :func:`request_bucket`; shorter traces are padded); each group is one
+    Points are grouped by static structure (request-count bucket :func:`request_bucket`;
+    shorter traces and smaller die grids are padded); each group is one
     compiled program run over all its points with ``jit(vmap)`` (in slices of
     ``batch_size`` points, padded by repeating the last, so memory stays bounded).
     Infeasible set-ups become rows with infinite latency and zero throughput.
@@ -1068,14 +1140,14 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
         raise SpecError("float64 needs jax_enable_x64: call jax.config.update('jax_enable_x64', True) first")
     t0 = time.perf_counter()
     results: list[ServingResult | None] = [None] * len(points)
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[int, list[int]] = {}
     for k, (setup, trace) in enumerate(points):
         if not setup.feasible:
             results[k] = ServingResult(setup, trace, infeasible_metrics(trace))
             continue
-        groups.setdefault((setup.dies, request_bucket(len(trace))), []).append(k)
+        groups.setdefault(request_bucket(len(trace)), []).append(k)
     compile_s, steps_all, simulated = 0.0, [], 0
-    for (_, n_req), idx in sorted(groups.items()):
+    for n_req, idx in sorted(groups.items()):
         cfg = points[idx[0]][0].config
         shape = shape_for([points[k][0] for k in idx], n_req, cfg)
         bs = len(idx) if batch_size is None else max(1, int(batch_size))
@@ -1108,6 +1180,6 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
 
 __all__ = [
     "SCHEDULERS", "PLACEMENTS", "ServingConfig", "ServingSetup", "build_setup", "workload_for", "ServingShape",
-    "ServingInputs", "shape_for", "pack_inputs", "stack_inputs", "simulate_batch", "BatchOutput", "RequestMetrics",
+    "ServingInputs", "shape_for", "pack_inputs", "greedy_allocate_pairwise", "request_bucket", "stack_inputs", "simulate_batch", "BatchOutput", "RequestMetrics",
     "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics", "SimulationReport", "simulate",
 ]

@@ -1,0 +1,173 @@
+"""``mocap-jax sweep FILE`` and ``mocap-jax bench sweep`` (DESIGN §11; schema in ``sweeps/README.md``)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .commands import positive_int
+
+# The benchmark's synthetic sweep; sweeps/million.toml holds the same text (a test checks they agree).
+MILLION_TOML = """\
+# One million prefill points in one run: Llama-3-70B on a 4 x 4 MOCAP wafer, TeraPipe against MBKR,
+# over sequence lengths, batches, chunk counts and three die parameters (HBM capacity, HBM bandwidth,
+# D2D link bandwidth).  5 x 10 x 10 x 10 x 4 x 25 x 2 = 1,000,000 points in 8 shape buckets
+# (4 chunk buckets x {terapipe, mbkr}).  The scheme varies fastest, so any prefix of the sweep
+# (`mocap-jax bench sweep --points N`) mixes both schemes and every chunk count and length.
+#   mocap-jax sweep sweeps/million.toml --out sweep-results/million
+#   mocap-jax bench sweep --json
+
+[sweep]
+name = "million"
+seed = 0
+
+[fixed]
+model = "llama3-70b"
+hardware = "mocap-4x4"
+num_batches = 2
+
+[grid]
+link_bandwidth = [1e12, 2e12, 3e12, 4e12, 5e12]
+hbm_bandwidth = [2e12, 3e12, 4e12, 5e12, 6e12, 7e12, 7.7e12, 8e12, 9e12, 10e12]
+hbm_capacity = [48e9, 64e9, 80e9, 96e9, 112e9, 128e9, 144e9, 160e9, 180e9, 192e9]
+batch = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+chunks = [4, 8, 16, 32]
+seq_len = [8192, 12288, 16384, 24576, 32768, 49152, 65536, 81920, 98304, 114688, 131072, 163840, 196608,
+           229376, 262144, 327680, 393216, 458752, 524288, 655360, 786432, 917504, 1048576, 1310720, 1572864]
+scheme = ["terapipe", "mbkr"]
+"""
+
+
+def _million_source():
+    """sweeps/million.toml when running from the repository, else the embedded copy."""
+    path = Path(__file__).resolve().parents[1] / "sweeps" / "million.toml"
+    return str(path) if path.exists() else MILLION_TOML
+
+
+def _pct(a, b) -> str:
+    return f"{100.0 * a / b:.1f} %" if b else "-"
+
+
+def format_summary(s) -> str:
+    lines = [f"sweep {s.name}: {s.points:,} points in {s.buckets} shape bucket(s), {s.blocks} block(s) "
+             f"of up to {s.block_size:,}; {s.devices} device(s) ({s.device_kind})"]
+    if s.complete and s.feasible is not None:
+        lines.append(f"  feasible        {s.feasible:,} / {s.points:,} ({_pct(s.feasible, s.points)})")
+    lines.append(f"  evaluated       {s.evaluated:,} points now" +
+                 (f", {s.skipped:,} resumed from earlier blocks" if s.skipped else ""))
+    lines.append(f"  compiled        {s.compiles} program(s) in {s.compile_s:.1f} s (at most one per bucket)")
+    lines.append(f"  wall time       {s.wall_s:.1f} s, {s.points_per_s:,.0f} points/s")
+    if s.complete:
+        lines.append(f"  results         {s.results}")
+    else:
+        lines.append(f"  INCOMPLETE      {s.blocks_done} block(s) written this run; parts in {s.out_dir}/parts; "
+                     f"rerun with --resume to finish")
+    return "\n".join(lines)
+
+
+def cmd_sweep(args) -> int:
+    from . import sweep
+
+    if args.dry_run:
+        d = sweep.describe(args.file, block_size=args.block_size or 4096)
+        if args.json:
+            print(json.dumps(d))
+        else:
+            print(f"sweep {d['name']}: {d['points']:,} points, {len(d['buckets'])} bucket(s), {d['blocks']} block(s); "
+                  f"config hash {d['config_hash']}")
+            for b in d["buckets"]:
+                print(f"  {b['points']:>10,}  {b['label']}")
+        return 0
+    s = sweep.run_sweep(args.file, args.out, resume=args.resume, devices=args.devices, block_size=args.block_size,
+                        quiet=args.quiet, limit=args.limit, overwrite=args.overwrite)
+    print(json.dumps(s.to_dict()) if args.json else format_summary(s))
+    return 0
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, MiB (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1 << 20) if sys.platform == "darwin" else r / 1024
+
+
+def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str | None = None, devices=None,
+                quiet: bool = False) -> dict:
+    """Run the first ``points`` points of the million-point sweep; wall time, rate, compile time, peak RSS."""
+    import jax
+
+    from . import sweep
+
+    rss0 = peak_rss_mb()
+    tmp = None
+    if out is None:
+        tmp = tempfile.mkdtemp(prefix="mocap-bench-sweep-")
+        out = tmp
+    try:
+        jax.devices()
+        rss_init = peak_rss_mb()
+        t0 = time.perf_counter()
+        s = sweep.run_sweep(_million_source(), out, devices=devices, block_size=block_size, quiet=quiet,
+                            max_points=points, overwrite=True)
+        wall = time.perf_counter() - t0
+        size = Path(s.results).stat().st_size if s.results else 0
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    eval_s = max(wall - s.compile_s, 1e-9)
+    return {
+        "benchmark": "sweep", "source": "sweeps/million.toml", "points": s.points, "feasible": s.feasible,
+        "buckets": s.buckets, "compiles": s.compiles, "block_size": s.block_size, "micro_batch": s.micro_batch,
+        "devices": s.devices, "device_kind": s.device_kind, "wall_s": wall, "compile_s": s.compile_s,
+        "points_per_s": s.points / wall, "points_per_s_excluding_compile": s.points / eval_s,
+        "peak_rss_mb": peak_rss_mb(), "rss_before_mb": rss0, "rss_after_jax_init_mb": rss_init,
+        "results_csv_mb": size / 1e6,
+    }
+
+
+def cmd_bench_sweep(args) -> int:
+    d = bench_sweep(args.points, args.block_size, args.out, args.devices, args.quiet)
+    if args.json:
+        print(json.dumps(d))
+        return 0
+    print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {d['devices']} {d['device_kind']} device(s)")
+    print(f"  wall time        {d['wall_s']:.1f} s (compile {d['compile_s']:.1f} s, {d['compiles']} programs)")
+    print(f"  throughput       {d['points_per_s']:,.0f} points/s ({d['points_per_s_excluding_compile']:,.0f} "
+          f"excluding compile)")
+    print(f"  peak RSS         {d['peak_rss_mb']:.0f} MiB (after JAX start-up {d['rss_after_jax_init_mb']:.0f} MiB); "
+          f"block size {d['block_size']:,}")
+    print(f"  feasible         {d['feasible']:,} of {d['points']:,}")
+    return 0
+
+
+def register(sub, bench_sub) -> None:
+    p = sub.add_parser("sweep", help="run a declared sweep (TOML file; see sweeps/README.md) into CSV",
+                       description="Run a sweep file: every point in a few compiled programs, sharded over all "
+                                   "local devices, written block by block (resumable) to OUT/results.csv.")
+    p.add_argument("file", metavar="FILE", help="sweep file (.toml), e.g. sweeps/quick.toml")
+    p.add_argument("--out", "-o", default=None, help="output directory (default sweep-results/NAME)")
+    p.add_argument("--resume", action="store_true", help="skip blocks already written by an earlier run")
+    p.add_argument("--overwrite", action="store_true", help="discard an earlier run's files in --out first")
+    p.add_argument("--block-size", type=positive_int, default=None,
+                   help="points per compiled call (default from the file, else 4096 on CPU)")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="stop after about N newly evaluated points (whole blocks); finish later with --resume")
+    p.add_argument("--devices", type=positive_int, default=None, help="use only the first N local devices")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the buckets; evaluate nothing")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=cmd_sweep)
+
+    b = bench_sub.add_parser("sweep", help="the million-point sweep: points/s, compile time, peak RSS")
+    b.add_argument("--points", type=positive_int, default=1_000_000,
+                   help="evaluate the first N points of sweeps/million.toml (default 1,000,000)")
+    b.add_argument("--block-size", type=positive_int, default=None, help="points per compiled call")
+    b.add_argument("--devices", type=positive_int, default=None, help="use only the first N local devices")
+    b.add_argument("--out", default=None, help="keep the results here (default: a temporary directory, deleted)")
+    b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=cmd_bench_sweep)

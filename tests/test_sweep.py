@@ -1,0 +1,291 @@
+"""Declared sweeps (mocap_jax.sweep): expansion, validation, infeasible rows, resume, determinism, sharding,
+one compile per bucket.  Runs on the 8 fake CPU devices of conftest.py."""
+
+import math
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from mocap_jax import api, sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "sweeps" / "quick.toml"
+
+
+def _write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _rows(path):
+    return sweep.read_results(path)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """quick.toml once, sharded over all 8 devices (reused by several tests)."""
+    out = tmp_path_factory.mktemp("quick") / "full"
+    s = sweep.run_sweep(QUICK, out, quiet=True)
+    return s, out
+
+
+# --------------------------------------------------------------------------- expansion
+
+
+def test_expand_grid_rows_fixed_and_defaults():
+    pts = sweep.expand(QUICK)
+    assert len(pts) == 2 * 3 * 2 * 2 + 2
+    # the last grid key varies fastest; [fixed] and defaults apply everywhere
+    assert [(p["scheme"], p["seq_len"], p["chunks"], p["batch"]) for p in pts[:3]] == [
+        ("terapipe", 4096, 2, 1), ("terapipe", 4096, 2, 8), ("terapipe", 4096, 4, 1)]
+    assert all(p["model"] == "llama3.1-8b" and p["hardware"] == "mocap-2x2" for p in pts)
+    assert pts[0]["num_batches"] == 2 and pts[0]["pairing"] == "cross-half" and pts[0]["hbm_capacity"] is None
+    assert pts[-1]["scheme"] == "gpipe" and pts[-1]["release"] == "request" and pts[-1]["batch"] == 4
+    d = sweep.describe(QUICK)
+    assert d["points"] == 26 and len(d["buckets"]) == 3
+
+
+def test_several_grids_and_max_points():
+    cfg = {"grid": [{"seq_len": [4096, 8192], "chunks": [2, 4]}, {"seq_len": [16384], "batch": [1, 2, 3]}],
+           "fixed": {"model": "llama3.1-8b", "hardware": "mocap-2x2"}}
+    pts = sweep.expand(cfg)
+    assert len(pts) == 4 + 3 and pts[4]["seq_len"] == 16384 and pts[4]["chunks"] == 16
+    assert len(sweep.expand(cfg, max_points=5)) == 5
+
+
+def test_shipped_sweeps_plan():
+    m = sweep.describe(ROOT / "sweeps" / "million.toml")
+    assert m["points"] == 1_000_000 and len(m["buckets"]) == 8
+    meshes = sweep.describe(ROOT / "sweeps" / "meshes.toml")
+    stage_buckets = {b["key"][3] for b in meshes["buckets"]}
+    assert stage_buckets == {4, 8, 16, 32, 64} and len(meshes["buckets"]) == 15
+
+
+def test_embedded_million_matches_file():
+    from mocap_jax.sweep_cli import MILLION_TOML
+
+    assert (ROOT / "sweeps" / "million.toml").read_text() == MILLION_TOML
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("text,fragments", [
+    ("[grid]\nchunk = [4]\n", ["chunk", "Did you mean 'chunks'"]),
+    ("[grid]\nseq_len = []\n", ["seq_len", "empty"]),
+    ("[grid]\nseq_len = [\"long\"]\n", ["seq_len", "positive integer"]),
+    ("[grid]\nseq_len = 4096\n", ["seq_len", "list"]),
+    ("[fixed]\nchunks = [4]\n[grid]\nseq_len = [4096]\n", ["chunks", "single value"]),
+    ("[grid]\nscheme = [\"terapip\"]\n", ["scheme", "terapipe"]),
+    ("[grid]\np2 = [1.5]\n", ["p2", "[0, 1]"]),
+    ("[grid]\nhbm_capacity = [-1.0]\n", ["hbm_capacity", "positive"]),
+    ("[sweep]\nblok_size = 4\n[grid]\nseq_len = [4096]\n", ["blok_size", "block_size"]),
+    ("[grids]\nseq_len = [4096]\n", ["grids", "[grid]"]),
+    ("[sweep]\nname = \"x\"\n", ["no points"]),
+    ("[grid]\nmodel = [\"llama3-7b\"]\n", ["model", "llama3"]),
+    ("[grid]\nseq_len = [16, 4096]\nchunks = [32]\n", ["chunks", "seq_len", "point 0"]),
+    ("[fixed]\nmodel = \"llama3.1-405b\"\nhardware = \"mocap-2x2\"\n[grid]\nseq_len = [4096]\n",
+     ["llama3.1-405b", "does not fit", "mocap-2x2"]),
+    ("[fixed]\nmodel = \"llama3.1-8b\"\n[grid]\nrows = [8]\ncols = [8]\n", ["32 layers", "stages", "rows"]),
+    ("[grid]\nscheme = [\"lbcp\"]\nbatch = [2]\n", ["lbcp", "batch", "auto"]),
+    ("[grid]\np1 = [0.9]\np2 = [0.5]\n", ["p1", "p2"]),
+])
+def test_validation_errors_name_key_and_file(tmp_path, text, fragments):
+    p = _write(tmp_path, text)
+    traces = sweep.STATS["traces"]
+    with pytest.raises(ValueError) as e:
+        sweep.describe(p)
+    msg = str(e.value)
+    assert str(p) in msg and "\n" not in msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+    assert sweep.STATS["traces"] == traces   # nothing was traced
+
+
+def test_cli_bad_file_exits_2_without_traceback(tmp_path, capsys):
+    from mocap_jax.cli import main
+
+    p = _write(tmp_path, "[grid]\nseq_len = [16]\nchunks = [64]\n")
+    assert main(["sweep", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "chunks" in err and str(p) in err
+    assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read sweep file" in capsys.readouterr().err
+
+
+def test_impossible_points_as_rows(tmp_path):
+    text = ("[sweep]\nimpossible = \"infeasible\"\n[fixed]\nmodel = \"llama3.1-8b\"\nhardware = \"mocap-2x2\"\n"
+            "[grid]\nseq_len = [16, 4096]\nchunks = [2, 32]\n")
+    s = sweep.run_sweep(_write(tmp_path, text), tmp_path / "o", quiet=True, devices=1)
+    rows = _rows(s.results)
+    assert [r["reason"] for r in rows] == ["", "chunks>seq_len", "", ""]
+    bad = rows[1]
+    assert bad["feasible"] == "false" and bad["prefill_latency_s"] == "inf" and bad["throughput_rps"] == "0.0"
+    assert s.feasible == 3
+
+
+# --------------------------------------------------------------------------- running
+
+
+def test_quick_rows_infeasible_and_matches_simulate(quick_run):
+    s, out = quick_run
+    assert s.complete and s.points == 26 and s.evaluated == 26 and s.compiles <= s.buckets == 3
+    assert s.devices == len(jax.devices()) == 8
+    rows = _rows(out / "results.csv")
+    assert [int(r["point_id"]) for r in rows] == list(range(26))
+    assert list(rows[0]) == list(sweep.COLUMNS)
+    text = (out / "results.csv").read_text()
+    assert "nan" not in text.lower()
+    infeasible = [r for r in rows if r["feasible"] == "false"]
+    assert infeasible and all(r["prefill_latency_s"] == "inf" and r["reason"] == "memory" for r in infeasible)
+    assert s.feasible == 26 - len(infeasible)
+    assert all(r["mocap_jax_version"] and r["config_hash"] == s.config_hash and r["devices"] == "8" for r in rows)
+    # the vectorised sweep agrees with simulate() point by point
+    for r in rows[::5] + rows[-2:]:
+        kw = {} if r["scheme"] == "gpipe" else {"chunks": int(r["chunks"])}
+        ref = api.simulate(r["model"], r["hardware"], int(r["seq_len"]), r["scheme"], batch=int(r["batch"]),
+                           release=r["release"], timeline=False, **kw)
+        assert (r["feasible"] == "true") == ref.feasible
+        assert math.isclose(float(r["raw_latency_s"]), ref.extra["raw_latency_s"], rel_tol=1e-5)
+        assert math.isclose(float(r["max_peak_mem_bytes"]), ref.peak_mem_bytes_per_stage.max(), rel_tol=1e-5)
+        if r["scheme"] == "mbkr":
+            assert math.isclose(float(r["spilled_bytes"]), ref.extra["spilled_bytes"], rel_tol=1e-5, abs_tol=1.0)
+
+
+def test_sharded_equals_unsharded_any_block_layout(quick_run, tmp_path):
+    s8, out8 = quick_run
+    # one device, smaller blocks (so different blocks and a narrower vmap) -> the same numbers, bit for bit
+    s1 = sweep.run_sweep(QUICK, tmp_path / "one", quiet=True, devices=1, block_size=4)
+    assert s1.devices == 1 and s8.devices == 8 and s1.blocks > s8.blocks
+    a, b = _rows(out8 / "results.csv"), _rows(s1.results)
+    for ra, rb in zip(a, b, strict=True):
+        ra.pop("devices"), rb.pop("devices")
+        assert ra == rb
+
+
+def test_deterministic(quick_run, tmp_path):
+    _, out = quick_run
+    again = sweep.run_sweep(QUICK, tmp_path / "again", quiet=True)
+    assert again.compiles == 0   # same shapes and devices: the compiled programs are reused
+    assert (out / "results.csv").read_bytes() == Path(again.results).read_bytes()
+
+
+def test_resume_after_limit_and_lost_block(quick_run, tmp_path):
+    _, full = quick_run
+    out = tmp_path / "r"
+    s = sweep.run_sweep(QUICK, out, quiet=True, limit=8)
+    assert not s.complete and s.results is None and s.evaluated == 8
+    assert not (out / "results.csv").exists()
+    with pytest.raises(ValueError, match="--resume"):
+        sweep.run_sweep(QUICK, out, quiet=True)
+    s = sweep.run_sweep(QUICK, out, quiet=True, resume=True)
+    assert s.complete and s.skipped == 8 and s.evaluated == 18
+    assert (out / "results.csv").read_bytes() == (full / "results.csv").read_bytes()
+    # lose one block: only that block is recomputed
+    part = sorted((out / "parts").glob("b001-*.csv"))[0]
+    part.unlink()
+    s = sweep.run_sweep(QUICK, out, quiet=True, resume=True)
+    assert s.evaluated == 8 and s.skipped == 18 and s.compiles == 0
+    assert (out / "results.csv").read_bytes() == (full / "results.csv").read_bytes()
+    # a changed configuration does not reuse the old blocks
+    changed = QUICK.read_text().replace("seed = 0", "seed = 1")
+    p = _write(tmp_path, changed, "quick2.toml")
+    s = sweep.run_sweep(p, out, quiet=True, resume=True)
+    assert s.skipped == 0 and s.evaluated == 26
+
+
+def test_meshes_in_one_run_compile_once_per_bucket(tmp_path):
+    text = """
+[sweep]
+name = "meshes-small"
+[fixed]
+model = "llama3-70b"
+seq_len = 16384
+chunks = 4
+[[grid]]
+rows = [2, 4, 8]
+cols = [2, 4, 8]
+batch = [1, 2]
+[[grid]]
+hardware = ["mocap-4x4x2w", "mocap-2x4"]
+wafers = [2]
+batch = [1]
+"""
+    p = _write(tmp_path, text)
+    traces = sweep.STATS["traces"]
+    s = sweep.run_sweep(p, tmp_path / "o", quiet=True, devices=2)
+    rows = _rows(s.results)
+    assert s.points == 18 + 2 and s.complete
+    stages = {(r["hardware"], r["stages"]) for r in rows}
+    assert ("mocap-2x2", "4") in stages and ("mocap-8x8", "64") in stages and ("mocap-4x4x2w", "32") in stages
+    assert ("mocap-2x4x2w", "16") in stages
+    assert s.buckets == 5                       # stage buckets 4, 8, 16, 32, 64
+    assert s.compiles <= s.buckets
+    assert sweep.STATS["traces"] - traces <= s.buckets
+    assert all(r["feasible"] == "true" for r in rows)
+    lat = {r["hardware"]: float(r["prefill_latency_s"]) for r in rows if r["batch"] == "1"}
+    assert lat["mocap-8x8"] < lat["mocap-2x2"]
+
+
+def test_serving_load_gives_e2e_columns(tmp_path):
+    import jax.numpy as jnp
+
+    from mocap_jax.mesh import snake_placement
+    from mocap_jax.serving import ServingShape, arrival_times, e2e_latency_jit
+    from mocap_jax.specs import get_hardware, get_model
+
+    text = """
+[fixed]
+model = "llama3.1-8b"
+hardware = "mocap-2x2"
+seq_len = 8192
+chunks = 4
+requests = 16
+[grid]
+batch = [1, 4]
+load = [2.0, 50.0]
+"""
+    s = sweep.run_sweep(_write(tmp_path, text), tmp_path / "o", quiet=True, devices=1)
+    rows = _rows(s.results)
+    for r in rows:
+        assert float(r["e2e_p99_s"]) >= float(r["e2e_p50_s"]) and float(r["load_throughput_rps"]) > 0
+        assert r["load_rps"] in ("2", "50")
+        if r["batch"] == "1":
+            assert float(r["e2e_mean_s"]) >= float(r["prefill_latency_s"]) * 0.999
+    by = {(r["batch"], r["load_rps"]): float(r["e2e_mean_s"]) for r in rows}
+    assert by[("1", "50")] > by[("1", "2")]          # heavier load -> longer queues
+    # the same EvaluateE2E call compare.evaluate_scheme makes, for one point
+    m, hw = get_model("llama3.1-8b"), get_hardware("mocap-2x2")
+    part = api.uniform_partition(8192, 4)
+    point = api._point(m, hw, api.chunked_item_table(part, 4, 4), snake_placement(hw, 4), 4, "streaming", "stage",
+                       np.float32)
+    arr = jnp.asarray(arrival_times("poisson", 50.0, 16, 0), jnp.float32)
+    e2e = e2e_latency_jit(point, part.astype(np.int32), 8192, 4, arr, jnp.zeros((4, 4), jnp.float32),
+                          ServingShape(k_pad=4, n_pad=4, requests=16))
+    assert math.isclose(by[("4", "50")], float(e2e["mean_s"]), rel_tol=1e-5)
+
+
+@pytest.mark.slow
+def test_slow_schemes_one_point_at_a_time(tmp_path):
+    text = """
+[fixed]
+model = "llama3.1-8b"
+hardware = "mocap-2x2"
+seq_len = 8192
+chunks = 4
+granularity = 512
+chains = 8
+steps = 20
+batch = "auto"
+[grid]
+scheme = ["lbcp", "terapipe"]
+"""
+    s = sweep.run_sweep(_write(tmp_path, text), tmp_path / "o", quiet=True, devices=1)
+    rows = _rows(s.results)
+    assert [r["scheme"] for r in rows] == ["lbcp", "terapipe"]
+    assert all(r["feasible"] == "true" and int(r["batch_used"]) >= 1 and r["partition"] for r in rows)
+    assert sum(int(x) for x in rows[0]["partition"].split("-")) == 8192

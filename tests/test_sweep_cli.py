@@ -1,0 +1,36 @@
+"""``mocap-jax sweep`` and ``mocap-jax bench sweep`` through mocap_jax.cli.main."""
+
+import json
+from pathlib import Path
+
+from mocap_jax import sweep
+from mocap_jax.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
+    out = tmp_path / "q"
+    quick = str(ROOT / "sweeps" / "quick.toml")
+    assert main(["sweep", quick, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "26 points" in text and "3 bucket(s)" in text
+    assert main(["sweep", quick, "--out", str(out), "--quiet", "--limit", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "INCOMPLETE" in text and "--resume" in text
+    assert main(["sweep", quick, "--out", str(out), "--quiet"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["sweep", quick, "--out", str(out), "--quiet", "--resume", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["complete"] and d["points"] == 26 and d["skipped"] == 8 and d["compiles"] <= d["buckets"]
+    assert 0 < d["feasible_share"] < 1 and Path(d["results"]).exists()
+    assert len(sweep.read_results(d["results"])) == 26
+
+
+def test_bench_sweep_json(capsys):
+    # the first point of the million-point sweep
+    assert main(["bench", "sweep", "--points", "1", "--json", "--quiet", "--devices", "2"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["points"] == 1 and d["buckets"] == 1 and d["devices"] == 2
+    for k in ("points_per_s", "wall_s", "compile_s", "peak_rss_mb"):
+        assert d[k] > 0
