@@ -104,9 +104,35 @@ def _sim_kwargs(args) -> dict:
                 pairing=args.pairing, p1=args.p1, p2=args.p2, read_overlap=args.read_overlap)
 
 
+PLANNED_SCHEMES = ("terapipe-dp", "lbcp", "mocap")
+
+
 def cmd_simulate(args) -> int:
-    r = api.simulate(args.model, args.hardware, args.seq_len, args.scheme, batch=args.batch,
-                     partition=args.partition, timeline=False, max_batch=args.max_batch, **_sim_kwargs(args))
+    scheme, partition = args.scheme, args.partition
+    kw = _sim_kwargs(args)
+    if scheme in PLANNED_SCHEMES:   # chunk sizes planned first (TeraPipe DP, or LBCP DP + annealing)
+        from . import compare
+
+        if partition is not None:
+            raise ValueError(f"--scheme {scheme} plans its own chunk sizes; drop --partition or use terapipe/mbkr")
+        g = args.granularity
+        if scheme == "terapipe-dp":
+            partition = compare.terapipe_dp_partition(args.model, args.hardware, args.seq_len, g,
+                                                      args.batch if args.batch != "auto" else 1, args.dtype)
+        else:
+            plan = compare.plan_partition(
+                args.model, args.hardware, args.seq_len, scheme, batch=args.batch, release=args.release,
+                admission=args.admission, num_batches=args.num_batches, dtype=args.dtype,
+                mbkr=api.MBKRConfig(args.pairing, args.p1, args.p2, args.read_overlap),
+                settings=compare.PlanSettings(chunks=args.chunks or 16, granularity=g, chains=args.chains,
+                                              steps=args.steps))
+            partition = plan["annealed"]["partition"]
+        kw["chunks"] = None
+        scheme = "mbkr" if scheme == "mocap" else "terapipe"
+    r = api.simulate(args.model, args.hardware, args.seq_len, scheme, batch=args.batch,
+                     partition=partition, timeline=False, max_batch=args.max_batch, **kw)
+    if args.scheme != scheme:
+        r.scheme = args.scheme
     print(json.dumps(r.to_dict()) if args.json else format_result(r))
     return 0
 
@@ -183,8 +209,12 @@ def cmd_bench_pipeline(args) -> int:
 
 
 def register(sub, bench_sub) -> None:
-    p = sub.add_parser("simulate", help="simulate one configuration (GPipe / TeraPipe / ...)")
-    add_config_args(p)
+    p = sub.add_parser("simulate", help="simulate one configuration (GPipe / TeraPipe / MBKR / LBCP / MOCAP)")
+    add_config_args(p, schemes=api.SCHEMES + PLANNED_SCHEMES)
+    p.add_argument("--granularity", "-g", type=positive_int, default=256,
+                   help="chunk sizes in multiples of g tokens (terapipe-dp, lbcp, mocap)")
+    p.add_argument("--chains", type=positive_int, default=256, help="LBCP annealing chains (lbcp, mocap)")
+    p.add_argument("--steps", type=positive_int, default=600, help="LBCP annealing steps (lbcp, mocap)")
     p.add_argument("--batch", "-B", type=batch_arg, default=1, help="requests per batch, or 'auto' for B'")
     p.add_argument("--partition", type=partition_arg, default=None, help="chunk sizes, comma-separated")
     p.add_argument("--max-batch", type=positive_int, default=api.DEFAULT_MAX_BATCH, help="cap of the B' search")
