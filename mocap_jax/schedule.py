@@ -270,8 +270,9 @@ def evaluate(point: Point, shape: SimShape) -> dict:
         attention = costs.stage_attention_times(model, hw, layout, it.tokens.astype(dt), it.prefix.astype(dt),
                                                 it.requests.astype(dt), n_pad)
         kidx = jnp.arange(k_pad)
+        # item k reads what earlier real items of its own group spilled (padding reads nothing)
         same_before = (it.group_last[:, None] == it.group_last[None, :]) & (kidx[None, :] < kidx[:, None]) \
-            & it.valid[None, :]
+            & it.valid[None, :] & it.valid[:, None]
         partner = jnp.where(stage_live, partner_of(mb.pairing, n, n_pad), -1)
         item_group = jnp.repeat(jnp.arange(nb), k_pad)
         for _ in range(shape.mbkr_iterations):

@@ -27,7 +27,8 @@ or on how blocks are sharded.  XLA compiles a single-device program through a
 different optimisation pipeline than a partitioned one, and its algebraic
 simplifier then rewrites a few divisions differently (last-bit differences); with
 ``exact = true`` (the default) the sweep compiles with that pass disabled, which
-makes results bit-identical for any number of devices.
+makes results bit-identical for any number of devices (default on CPU; set it
+explicitly on accelerators, where this was not measured).
 
 Slow schemes (``lbcp``, ``mocap``, ``terapipe-dp``) and ``batch = "auto"`` run one
 point at a time through :func:`mocap_jax.compare.evaluate_scheme` (a partition
@@ -55,7 +56,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +64,7 @@ import numpy as np
 
 from . import __version__, api, costs
 from .costs import HardwareParams, ModelParams, StageLayout
-from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, STATIC_PAIRING_CODE, MBKRParams, pair_routes
+from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, MBKRParams, pair_routes
 from .schedule import ItemTable, Point, SimShape, evaluate
 from .serving import ServingShape, arrival_times, e2e_latency
 from .specs import HardwareSpec, ModelSpec, SpecError, get_hardware, get_model, mocap_wafer
@@ -127,12 +128,13 @@ SETTINGS: dict[str, Key] = {
     "description": Key("str", "", "free text"),
     "seed": Key("seed", 0, "default seed of every point"),
     "block_size": Key("int", 0, "points per compiled call (0: 4096 on CPU, 32768 on accelerators)"),
-    "micro_batch": Key("int", 0, "points per vectorised step inside a block (0: 64 on CPU, whole shard otherwise)"),
+    "micro_batch": Key("int", 0, "points per vectorised step inside a block (0: 64 on CPU, 4096 otherwise)"),
     "serial_block_size": Key("int", 8, "points per block of the one-at-a-time schemes"),
     "dtype": Key("choice", "float32", "float32 or float64", ("float32", "float64")),
     "impossible": Key("choice", "error", "impossible combinations: raise, or record as infeasible rows",
                       ("error", "infeasible")),
-    "exact": Key("bool", True, "bit-identical results for any device count (XLA algebraic simplifier off)"),
+    "exact": Key("bool", None, "bit-identical results for any device count (XLA algebraic simplifier off); "
+                               "default: true on CPU, false on accelerators"),
 }
 TABLES = ("sweep", "fixed", "grid", "points")
 
@@ -682,8 +684,12 @@ class Resolver:
             msg = code
         return msg
 
-    def bucket_keys(self, r: Resolved) -> list[tuple]:
-        """Bucket key of every point: ("fast", kind, k_pad, n_pad, nb, mode, R, sync) / ("serial",) / ("impossible",)."""
+    def bucket_keys(self, r: Resolved) -> tuple[list[tuple], np.ndarray]:
+        """Distinct bucket keys and each point's index into them.
+
+        A key is ``("fast", kind, k_pad, n_pad, num_batches, mbkr mode, requests, synchronous)``,
+        ``("serial",)`` or ``("impossible",)``.
+        """
         sp = self.space
         c = r.codes
         t = sp.tables
@@ -715,7 +721,7 @@ class Resolver:
             else:
                 keys.append(("fast", "gpipe" if g else "chunked", kp, npad, b, ("off", "static", "dynamic")[md], rr,
                              bool(sy)))
-        return [keys[i] for i in inv] if P else []
+        return keys, inv
 
 
 # --------------------------------------------------------------------------- plan
@@ -760,18 +766,19 @@ class Plan:
             if impossible_error and len(bad):
                 j = int(bad[0])
                 pt = self.space.point(int(ids[j]))
-                shown = {k: v for k, v in pt.items() if v is not None and k in (
-                    "scheme", "model", "hardware", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch",
-                    "granularity", "p1", "p2", "load", "microbatch")}
+                given = set(cfg.fixed).union(*[set(g) for g in cfg.grids], *[set(r) for r in cfg.rows])
+                shown = {k: v for k, v in pt.items() if k in given}
                 raise ValueError(f"{cfg.origin}: impossible combination at point {int(ids[j])} "
                                  f"({', '.join(f'{k}={v}' for k, v in shown.items())}): {self.resolver.explain(r, j)}. "
                                  f"(Or set impossible = \"infeasible\" in [sweep] to record such points as infeasible rows.)")
-            keys = self.resolver.bucket_keys(r)
-            for k in keys:
+            keys, inv = self.resolver.bucket_keys(r)
+            counts = np.bincount(inv, minlength=len(keys))
+            for j in np.argsort([int(np.argmax(inv == q)) for q in range(len(keys))], kind="stable"):
+                k = keys[j]   # buckets are numbered in order of their first point
                 b = self.buckets.get(k)
                 if b is None:
                     b = self.buckets[k] = Bucket(len(self.buckets), k)
-                b.points += 1
+                b.points += int(counts[j])
 
     @property
     def points(self) -> int:
@@ -791,8 +798,8 @@ class Plan:
         done = {b.index: 0 for b in by_index}
         for lo in range(0, self.space.size, WINDOW):
             ids = np.arange(lo, min(lo + WINDOW, self.space.size))
-            keys = self.resolver.bucket_keys(self.resolver.resolve(ids))
-            bidx = np.array([self.buckets[k].index for k in keys], np.int64)
+            keys, inv = self.resolver.bucket_keys(self.resolver.resolve(ids))
+            bidx = np.array([self.buckets[k].index for k in keys], np.int64)[inv]
             for b in by_index:
                 sel = ids[bidx == b.index]
                 if not len(sel):
@@ -1210,7 +1217,7 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
       limit: stop after about this many newly evaluated points (whole blocks); resume later.
       max_points: only the first ``max_points`` points of the sweep (changes the config hash).
       overwrite: delete an earlier run's files in ``out_dir`` first.
-      micro_batch: points per vectorised step (default from the file, else 64 on CPU / whole shard).
+      micro_batch: points per vectorised step (default from the file, else 64 on CPU / 4096 otherwise).
 
     Returns:
       :class:`SweepSummary`.  ``results`` is None while the sweep is incomplete (``limit``).
@@ -1236,11 +1243,10 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
     nproc, pid = jax.process_count(), jax.process_index()
     cfg_hash = cfg.config_hash
     # micro-batch: fixed by the configuration and platform only, never by the device count
-    micro_default = mb_set or (64 if platform == "cpu" else 0)
+    micro_default = mb_set or (64 if platform == "cpu" else 4096)
 
     def micro_for(b: Bucket) -> int:
-        m = micro_default or -(-min(bs, b.points) // nd)
-        return max(1, min(m, min(bs, b.points)))
+        return max(1, min(micro_default, bs, b.points))
 
     expected = {}
     for b in plan.buckets.values():
@@ -1279,7 +1285,7 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
     prov = {"mocap_jax_version": __version__, "config_hash": cfg_hash, "device_kind": devs[0].device_kind,
             "devices": nd}
     cache = TemplateCache(dtype)
-    exact = bool(cfg.settings["exact"])
+    exact = (platform == "cpu") if cfg.settings["exact"] is None else bool(cfg.settings["exact"])
     compiles0 = STATS["compiles"]
     compile_s = 0.0
     skipped_pts = 0
@@ -1436,10 +1442,13 @@ def expand(source, max_points: int | None = None) -> list[dict]:
     return [plan.space.point(i) for i in range(plan.points)]
 
 
-def describe(source, block_size: int = 4096, max_points: int | None = None) -> dict:
-    """Points, buckets and blocks of a sweep without evaluating anything (validates it fully)."""
+def describe(source, block_size: int | None = None, max_points: int | None = None) -> dict:
+    """Points, buckets and blocks of a sweep without evaluating anything (validates it fully).
+
+    ``block_size`` defaults to the file's (else 4096, the CPU default).
+    """
     cfg = load_sweep(source, max_points=max_points)
-    plan = Plan(cfg, block_size, cfg.settings["serial_block_size"])
+    plan = Plan(cfg, block_size or cfg.settings["block_size"] or 4096, cfg.settings["serial_block_size"])
     return {"name": cfg.name, "points": plan.points, "config_hash": cfg.config_hash,
             "buckets": [{"key": list(b.key), "label": b.label(), "points": b.points}
                         for b in sorted(plan.buckets.values(), key=lambda b: b.index)],

@@ -74,7 +74,7 @@ def cmd_sweep(args) -> int:
     from . import sweep
 
     if args.dry_run:
-        d = sweep.describe(args.file, block_size=args.block_size or 4096)
+        d = sweep.describe(args.file, block_size=args.block_size)
         if args.json:
             print(json.dumps(d))
         else:

@@ -147,3 +147,13 @@ def test_placement_works_across_wafers():
 def test_bad_thresholds(kw, fragment):
     with pytest.raises(ValueError, match=fragment):
         mj.simulate("llama3-70b", "mocap-4x4", 8192, "mbkr", **kw)
+
+
+def test_mbkr_results_do_not_depend_on_padding():
+    """Padded item slots read nothing: the same point in two chunk buckets gives the same answer."""
+    kw = dict(chunks=12, batch=[4], p2=0.1, dtype="float64")
+    a = mj.simulate_batch("llama3-70b", "mocap-4x4", 262144, "mbkr", k_pad=16, **kw)
+    b = mj.simulate_batch("llama3-70b", "mocap-4x4", 262144, "mbkr", k_pad=32, **kw)
+    assert a["remote_read_s"][0] > 0
+    for key in ("prefill_latency_s", "remote_read_s", "blocking_s", "spilled_bytes"):
+        assert a[key][0] == pytest.approx(b[key][0], rel=1e-12)
