@@ -118,3 +118,19 @@ def test_serve_cli_bad_input_exit_2(args, fragment, capsys):
     code = main(["wsc-llm", "serve", "--hardware", "wsc-4x4", *args])
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_sort_free_greedy_rule_equals_the_memory_scheduler():
+    """The array program's placement rule is part 1's greedy_allocate (priority, most free, index)."""
+    from mocap_jax.wsc import memory as mem
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        d = int(rng.integers(1, 20))
+        free = rng.choice([0.0, 1e9, 2e9, 3.5e9], size=d) + rng.integers(0, 2, d) * rng.random(d) * 1e9
+        prio = rng.integers(0, 4, d).astype(np.int32)
+        need = float(rng.random() * free.sum() * 1.2)
+        want, ok = mem.greedy_allocate(free, need, prio, np)
+        got, ok2 = sv.greedy_allocate_pairwise(jnp.asarray(free), need, jnp.asarray(prio))
+        assert bool(ok2) == bool(ok)
+        assert np.allclose(np.asarray(got), want, rtol=1e-12, atol=1e-3)

@@ -20,7 +20,7 @@ system                        hardware          scheduler
 Scheduler gain on a platform = WSC-LLM / Splitwise on that platform; hardware gain under a
 scheduler = wafer / A100 with that scheduler (ratios of goodput, and of mean E2E latency).
 
-Ablations on the wafer (same rates): ``no central scheduler`` (naive partition -- the
+Ablations on the wafer (``ablation_wafer``, default the same wafer; same rates): ``no central scheduler`` (naive partition -- the
 smallest instance that holds the model, megatron, half the instances prefill -- and packed
 placement; memory scheduler kept), ``no memory scheduler`` (WSC-LLM partition and placement,
 KV local to the decode instance) and ``neither``.
@@ -55,10 +55,10 @@ SYSTEMS = (
     ("wafer + WSC-LLM", "wafer", "wsc", "greedy", "decode-centred"),
 )
 ABLATIONS = (
-    ("WSC-LLM (full)", "wafer", "wsc", "greedy", "decode-centred"),
-    ("no central scheduler", "wafer", "naive", "greedy", "packed"),
-    ("no memory scheduler", "wafer", "wsc", "local", "decode-centred"),
-    ("neither", "wafer", "naive", "local", "packed"),
+    ("WSC-LLM (full)", "ablation", "wsc", "greedy", "decode-centred"),
+    ("no central scheduler", "ablation", "naive", "greedy", "packed"),
+    ("no memory scheduler", "ablation", "wsc", "local", "decode-centred"),
+    ("neither", "ablation", "naive", "local", "packed"),
 )
 
 
@@ -94,7 +94,7 @@ def _ratio(a: float, b: float) -> float:
 def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads: Sequence[float] = DEFAULT_LOADS,
                   requests: int = 400, wafer: str = "wsc-llm-64g", cluster: str = "a100-cluster",
                   config: sv.ServingConfig | None = None, seed: int = 0, dtype=jnp.float32,
-                  ablations: bool = True) -> BaselineResult:
+                  ablations: bool = True, ablation_wafer: str | None = None) -> BaselineResult:
     """Simulate the four systems (and the ablations) at common request rates.
 
     Rates are ``load x`` the partition capacity of ``A100 + Splitwise`` (the baseline), so
@@ -109,6 +109,8 @@ def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads
       seed: trace seed.
       dtype: float dtype of the array program.
       ablations: also run the ablations.
+      ablation_wafer: hardware of the ablations (default ``wafer``), e.g. a DRAM-poor
+        design point where the memory scheduler matters.
 
     Raises:
       SpecError: bad names or values; the baseline cannot serve the model.
@@ -121,9 +123,12 @@ def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads
         raise SpecError(f"loads must be positive numbers, got {list(loads)}")
     if not isinstance(requests, int) or isinstance(requests, bool) or requests < 2:
         raise SpecError(f"requests must be an integer >= 2, got {requests!r}")
-    hw = {"wafer": get_wafer(wafer), "cluster": get_wafer(cluster)}
+    hw = {"wafer": get_wafer(wafer), "cluster": get_wafer(cluster),
+          "ablation": get_wafer(ablation_wafer or wafer)}
     if not hw["wafer"].is_mesh:
         raise SpecError(f"--wafer must be a mesh wafer, got the cluster {wafer!r}")
+    if not hw["ablation"].is_mesh:
+        raise SpecError(f"--ablation-wafer must be a mesh wafer, got the cluster {ablation_wafer!r}")
     if hw["cluster"].is_mesh:
         raise SpecError(f"--cluster must be a GPU cluster (e.g. a100-cluster), got the wafer {cluster!r}")
     t0 = time.perf_counter()

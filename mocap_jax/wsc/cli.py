@@ -731,7 +731,7 @@ def cmd_baselines(args) -> int:
     loads = _floats(args.loads, "--loads")
     dtype = _dtype(args)
     res = bl.run_baselines(args.model, args.workload, loads, args.requests, args.wafer, args.cluster, config,
-                           args.seed, dtype, ablations=not args.no_ablations)
+                           args.seed, dtype, ablations=not args.no_ablations, ablation_wafer=args.ablation_wafer)
     out = Path(args.out)
     rows_path = write_rows(res.rows, out / "wsc_baselines.csv")
     gains_path = write_rows(res.gains, out / "wsc_baselines_gains.csv")
@@ -910,6 +910,7 @@ def _register_part2(sub, bench_subparsers) -> None:
     b.add_argument("--wafer", default="wsc-llm-64g", help="wafer preset (default wsc-llm-64g)")
     b.add_argument("--cluster", default="a100-cluster", help="GPU cluster preset (default a100-cluster)")
     b.add_argument("--no-ablations", action="store_true")
+    b.add_argument("--ablation-wafer", help="hardware of the ablations (default: --wafer), e.g. wsc-llm-32g")
     b.add_argument("--out", default="results", help="directory of the CSV results (default results/)")
     b.add_argument("--figures-dir", default="figures", help="directory of the figures (default figures/)")
     b.add_argument("--no-figures", action="store_true")

@@ -92,6 +92,7 @@ def run_design_space(result: "ex.ExploreResult | None" = None, **explore_kwargs)
         best_cell.append((d2d.index(float(d)), col_index[(grid, float(gb), float(tbps))]))
     return {"workloads": workloads, "models": models,
             "columns": [f"{g}\n{gb:g} GB\n{bw:g} TB/s" for _, g, gb, bw in cols], "d2d": np.asarray(d2d),
+            "column_dram_tbps": np.asarray([bw for *_, bw in cols]),
             "goodput": good, "goodput_norm": norm, "e2e": e2e, "tokens": tok, "best": best, "best_cell": best_cell,
             "top_load": top_load}
 
@@ -103,7 +104,8 @@ def plot_design_space(data: dict[str, Any], path="figures/wsc_design_space.png")
 
     W, M = len(data["workloads"]), len(data["models"])
     ny, nx = len(data["d2d"]), len(data["columns"])
-    fig, axes = plt.subplots(W, M, figsize=(1.0 + 0.85 * nx * M, 0.75 + 1.05 * ny * W + 0.6), squeeze=False)
+    fig, axes = plt.subplots(W, M, figsize=(1.0 + 0.85 * nx * M, 1.2 + 1.2 * ny * W), squeeze=False,
+                             constrained_layout=True)
     im = None
     for i, wl in enumerate(data["workloads"]):
         for j, m in enumerate(data["models"]):
@@ -117,6 +119,11 @@ def plot_design_space(data: dict[str, Any], path="figures/wsc_design_space.png")
                     txt = "n/a" if not np.isfinite(g) else (f"{e:.2g}s" if np.isfinite(e) else "-")
                     ax.text(x, y, txt, ha="center", va="center", fontsize=6.5,
                             color="white" if (np.isfinite(g) and g < 0.6) else "black")
+            for y in range(ny):  # the template's shoreline trade-off: D2D = 3 - DRAM bandwidth / 2
+                for x in range(nx):
+                    if abs(data["d2d"][y] + data["column_dram_tbps"][x] / 2 - 3.0) < 1e-9:
+                        ax.add_patch(Rectangle((x - 0.42, y - 0.42), 0.84, 0.84, fill=False, ec="white", lw=1.0,
+                                               ls="--"))
             by, bx = data["best_cell"][i]
             ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, ec="red", lw=2))
             ax.set_xticks(range(nx))
@@ -128,10 +135,11 @@ def plot_design_space(data: dict[str, Any], path="figures/wsc_design_space.png")
                 ax.set_ylabel("D2D bandwidth (TB/s)", fontsize=8)
             if i == W - 1:
                 ax.set_xlabel("die grid / DRAM per die (GB, TB/s)", fontsize=8)
-    cb = fig.colorbar(im, ax=axes, shrink=0.8, pad=0.01)
+    cb = fig.colorbar(im, ax=axes, shrink=0.8, pad=0.02)
     cb.set_label("SLO goodput, summed over rates\n(normalised to the best point per model)", fontsize=8)
     fig.suptitle("WSC-LLM hardware design space: colour = goodput, text = mean E2E latency at "
-                 f"{data['top_load']:g}x the reference capacity; red box = best design per workload", fontsize=9)
+                 f"{data['top_load']:g}x the reference capacity;\nred box = best design per workload, dashed = on the "
+                 "shoreline trade-off (D2D = 3 - DRAM TB/s / 2); n/a = the model does not fit", fontsize=9)
     return _save(fig, path)
 
 
@@ -152,7 +160,7 @@ def run_latency_cdf(result: "bl.BaselineResult | None" = None, load: float | Non
         raise ValueError(f"load {load:g} was not simulated; choose one of {list(res.loads)}")
     names = [s[0] for s in bl.SYSTEMS]
     out: dict[str, Any] = {"systems": names, "load": load, "model": res.model, "workload": res.workload,
-                           "rate_rps": res.rates[res.loads.index(load)]}
+                           "rate_rps": res.results[("system", names[0], load)].trace.rate}
     for key in ("ttft", "tpot", "e2e"):
         out[key] = []
         for n in names:
@@ -204,7 +212,8 @@ def run_ablation(result: "bl.BaselineResult | None" = None, **baseline_kwargs) -
     if not any(("ablation", names[0], l) in res.results for l in res.loads):
         raise ValueError("this baseline run has no ablations; run it with ablations=True")
     keys = {"goodput": "goodput_rps", "e2e_mean": "e2e_mean", "ttft_p99": "ttft_p99", "tpot_mean": "tpot_mean"}
-    out: dict[str, Any] = {"names": names, "loads": np.asarray(res.loads), "rates": np.asarray(res.rates),
+    rates = [res.results[("ablation", names[0], l)].trace.rate for l in res.loads]  # realised N / span
+    out: dict[str, Any] = {"names": names, "loads": np.asarray(res.loads), "rates": np.asarray(rates),
                            "model": res.model, "workload": res.workload}
     for k, m in keys.items():
         out[k] = np.asarray([[float(res.results[("ablation", n, l)].metrics[m]) for l in res.loads] for n in names])

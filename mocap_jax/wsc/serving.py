@@ -1132,7 +1132,8 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
     Args:
       points: ``[(setup, trace), ...]``.
       dtype: float dtype of the program (float64 needs ``jax_enable_x64``).
-      batch_size: points per ``vmap`` call (default: the whole group).
+      batch_size: points per ``vmap`` call (default: the whole group up to 48 points, else
+        slices of 32 ordered by expected work -- output tokens per decode instance).
       chunk_steps: scan length between host checks for completion.
       keep_raw: keep the raw per-request times in each result.
     """
@@ -1150,12 +1151,15 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
     for n_req, idx in sorted(groups.items()):
         cfg = points[idx[0]][0].config
         shape = shape_for([points[k][0] for k in idx], n_req, cfg)
-        bs = len(idx) if batch_size is None else max(1, int(batch_size))
         ndev = len(jax.local_devices())
+        # similar amounts of work share a slice (a slice runs until its slowest point is done); every
+        # slice has the same width, so the group compiles once
+        idx = sorted(idx, key=lambda k: (float(points[k][1].output_tokens.sum()) / max(points[k][0].n_decode, 1), k))
+        bs = (len(idx) if len(idx) <= 48 else 32) if batch_size is None else max(1, int(batch_size))
+        bs = -(-bs // ndev) * ndev if bs >= ndev else bs  # whole multiple of the devices
         for s in range(0, len(idx), bs):
             sl = idx[s:s + bs]
-            width = bs if batch_size is not None else len(sl)
-            width = -(-width // ndev) * ndev if width >= ndev else width  # whole multiple of the devices
+            width = bs
             padded = sl + [sl[-1]] * (width - len(sl))
             inp = stack_inputs([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in padded])
             out = simulate_batch(inp, shape, chunk_steps=chunk_steps)

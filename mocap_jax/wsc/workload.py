@@ -114,29 +114,15 @@ class WorkloadSpec:
                    output_cuts: tuple[float, ...] = DEFAULT_OUTPUT_CUTS, name: str | None = None) -> "WorkloadSpec":
         """Summarise an Azure-format trace CSV (``arrival_timestamp,prompt_size,token_size,...``).
 
-        ``arrival_timestamp`` may be seconds, ``MM:SS.s`` or ``HH:MM:SS.s``; the rate is
-        requests / (last - first arrival).  A UTF-8 byte-order mark is accepted.
+        Read with :func:`load_azure_trace` (``MM:SS.s``, ``HH:MM:SS.s``, seconds or ISO
+        timestamps; byte-order mark; CRLF); the rate is requests / (last - first arrival).
         """
         path = Path(path)
-        try:
-            with path.open(encoding="utf-8-sig", newline="") as fh:
-                rows = list(csv.DictReader(fh))
-        except OSError as e:
-            raise SpecError(f"cannot read trace {str(path)!r}: {e.strerror}") from None
-        need = {"arrival_timestamp", "prompt_size", "token_size"}
-        if not rows or not need <= set(rows[0]):
-            raise SpecError(f"trace {str(path)!r}: need a header with columns {sorted(need)} and at least one row")
-        try:
-            t = np.asarray([_seconds(r["arrival_timestamp"]) for r in rows])
-            p = np.asarray([float(r["prompt_size"]) for r in rows])
-            o = np.asarray([float(r["token_size"]) for r in rows])
-        except ValueError as e:
-            raise SpecError(f"trace {str(path)!r}: {e}") from None
-        span = float(t.max() - t.min())
-        if len(rows) < 2 or span <= 0:
+        tr = load_azure_trace(path, name)  # malformed rows: SpecError naming the file and line
+        if len(tr) < 2 or not tr.span_s > 0:
             raise SpecError(f"trace {str(path)!r}: need at least two distinct arrival times to estimate a rate")
-        pts = summarise_lengths(p, np.maximum(o, 1), prompt_bins, output_cuts)
-        return WorkloadSpec(name or path.stem, len(rows) / span, *pts)
+        pts = summarise_lengths(tr.prompt_tokens, tr.output_tokens, prompt_bins, output_cuts)
+        return WorkloadSpec(name or path.stem, tr.rate, *pts)
 
 
 def _seconds(stamp: str) -> float:
