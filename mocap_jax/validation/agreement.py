@@ -8,6 +8,14 @@ admission modes, both release policies, 1-3 batches, snake or random stage-to-di
 :func:`~mocap_jax.validation.reference.reference_simulate` and reports the largest
 relative disagreement per metric.  Used by ``mocap-jax validate``, the differential
 tests and the sweep tooling.
+
+MBKR is where the array program approximates (docs/semantics.md "MBKR"):
+:func:`sample_mbkr_configs` draws MBKR configurations in groups that share one
+vectorised call (sequence lengths drawn for a KV pressure around the spill threshold,
+so that many spill), and :func:`run_mbkr_agreement` reports the mean and largest
+relative error of latency and per-stage peak memory of ``mocap_jax.simulate_batch``
+against :class:`~mocap_jax.validation.reference_mbkr.MBKRReferenceSimulator`, with the
+targets :data:`MBKR_TARGET_MEAN` / :data:`MBKR_TARGET_MAX`.
 """
 
 from __future__ import annotations

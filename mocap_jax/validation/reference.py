@@ -22,6 +22,10 @@ from first principles:
   item and withdrawn by the release policy.  The owner key lets a later MBKR model
   (DESIGN §6) keep a debtor's spilled KV in its creditor's ledger.
 
+MBKR (``scheme="mbkr"``) is simulated by
+:class:`~mocap_jax.validation.reference_mbkr.MBKRReferenceSimulator`, a subclass with its
+own event queue (spill decisions, remote reads and creditor blocking at their instants).
+
 The simulation is slow (Python events) and meant for validation and small studies;
 sweeps use :func:`mocap_jax.simulate`.
 

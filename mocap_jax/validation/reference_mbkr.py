@@ -19,9 +19,11 @@ What happens, event by event:
 * **Spill write** (and, for dynamic pairing, **migration**) follow on the debtor: the item
   holds its stage for ``hops x link_latency + bytes / (pair_bandwidth x eff_link)`` more,
   and finishes (hands off, frees the stage) when the transfer ends.  So an item's KV event
-  happens when its computation ends, which is its finish time whenever it moves nothing
-  (docs/semantics.md places the add at the finish; the two differ by the transfer time
-  of the spilling items only, microseconds against their milliseconds-to-seconds of work).
+  happens when its computation ends, which is its finish time whenever it moves nothing.
+  docs/semantics.md places the add at the finish; that is circular once the add decides
+  how long the write takes, and the causal order is this one (the split is known before
+  the write starts).  The two differ by the transfer time of the items that move KV
+  (milliseconds), which can reorder near-simultaneous KV events of different stages.
 * **Release.**  The KV of a request group (own blocks and spilled blocks, wherever they
   are hosted) is freed at the KV event of the group's last item on the stage (``stage``
   policy) or on the last stage (``request`` policy); such a last item never holds KV.
