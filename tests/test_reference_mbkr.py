@@ -138,7 +138,7 @@ TINY = ModelSpec("tiny-3l", layers=3, hidden=1024, ffn=4096, q_heads=8, kv_heads
 
 
 def test_hand_checked_spill_write_read_and_blocking():
-    c0, c1, B, p2, ov = 6000, 6000, 1, 0.8, 0.5
+    c0, c1, B, p2, ov = 6000, 6000, 1, 0.8, 0.0   # no overlap: the whole read lengthens chunk 1
     big = mocap_wafer(1, 2, name="tiny-1x2")
     base = reference_simulate(TINY, big, c0 + c1, "terapipe", partition=[c0, c1], batch=B)
     u = base.kv_bytes[0, 1]                       # stage-1 KV of chunk 0; stage 0 makes 2u
@@ -165,6 +165,8 @@ def test_hand_checked_spill_write_read_and_blocking():
     attn = costs.stage_attention_times(mp, hp, layout, np.array([c0, c1], float), np.array([0.0, c0]),
                                        np.array([B, B], float), 2, xp=np)
     read_extra = max(read - ov * attn[1, 0], 0.0)
+    assert read_extra == read > 0
+    assert r.read_extra_s[1, 0] == pytest.approx(read, rel=1e-12)
     serve = moved / (hw.hbm_bandwidth * hw.eff_hbm)
     # stage 0: chunk 0 computes, spills, writes; chunk 1 starts after it and reads the spill back
     f00 = t[0, 0] + write

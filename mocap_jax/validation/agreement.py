@@ -366,6 +366,7 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, models=AGRE
       num_batches: batch counts to draw from.
       buckets: chunk-count buckets (4: 2-4 chunks, 8: 5-8, 16: 9-16).
     """
+    from .. import costs
     from ..api import searched_placement
     from ..mesh import snake_placement
     from ..specs import get_model
@@ -380,7 +381,6 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, models=AGRE
         hardware = str(rng.choice(meshes))
         m, hw = get_model(model), get_hardware(hardware)
         nst = hw.num_dies
-        from .. import costs
         w = np.asarray(costs.stage_weight_bytes(costs.ModelParams.from_spec(m, np.float64),
                                                 costs.HardwareParams.from_spec(hw, np.float64), nst, nst, xp=np))
         if nst > m.layers or w.max() > 0.8 * hw.hbm_capacity * hw.usable_hbm_fraction:
