@@ -35,6 +35,9 @@ DEFAULT_P1 = 0.0
 DEFAULT_P2 = 0.85
 DEFAULT_READ_OVERLAP = 0.5
 UNROLL = 1   # event scans are not unrolled (unrolling measured slower on CPU)
+#: dynamic pairing ranks stages by local / cap at this resolution (ties go to the lower stage index), so
+#: loads equal in exact arithmetic are not ordered by rounding noise
+RANK_RESOLUTION = 2.0 ** -20
 
 
 @_pytree
@@ -280,7 +283,7 @@ def dynamic_spills(finish, group_release, kv, item_group, cap, p1, p2, num_stage
         return jnp.sum(jnp.where(host, spill.sum(1)[:, None], 0.0), axis=0)
 
     def match(local):
-        u = jnp.where(live_stage, local / capv, jnp.inf)
+        u = jnp.where(live_stage, jnp.round(local / capv / RANK_RESOLUTION), jnp.inf)
         rank_order = jnp.argsort(u)
         pos = jnp.argsort(rank_order)
         mate_pos = num_stages - 1 - pos
@@ -331,7 +334,7 @@ def dynamic_spills(finish, group_release, kv, item_group, cap, p1, p2, num_stage
 
 
 def spill_costs(spills: dict, attention: Array, same_group_before: Array, mb: MBKRParams, link_latency_s,
-                eff_link, hbm_bandwidth, eff_hbm, num_batches: int):
+                eff_link, hbm_bandwidth, eff_hbm, num_batches: int, finish=None, start=None):
     """Extra seconds MBKR adds to each item on each stage, ``[nb, K, N]``.
 
     Args:
@@ -370,11 +373,25 @@ def spill_costs(spills: dict, attention: Array, same_group_before: Array, mb: MB
     bw_m = mb.stage_bandwidth[m_from, p_write]
     migrate = jnp.where(mig_bytes > 0, hops_m * link_latency_s + mig_bytes / (bw_m * eff_link), 0.0)
     serve = read_bytes / (hbm_bandwidth * eff_hbm)
-    # charge each read's serving time to the creditor's item with the same index
-    block = jnp.zeros((num_batches, K, N + 1), moved.dtype)
     tgt = jnp.where((read_bytes > 0) & (prev_partner >= 0), prev_partner, N)
-    jj = jnp.broadcast_to(jnp.arange(num_batches)[:, None, None], tgt.shape)
-    kk = jnp.broadcast_to(jnp.arange(K)[None, :, None], tgt.shape)
-    block = block.at[jj, kk, tgt].add(serve)[..., :N]
+    if finish is None:
+        # charge each read's serving time to the creditor's item with the same index
+        block = jnp.zeros((num_batches, K, N + 1), moved.dtype)
+        jj = jnp.broadcast_to(jnp.arange(num_batches)[:, None, None], tgt.shape)
+        kk = jnp.broadcast_to(jnp.arange(K)[None, :, None], tgt.shape)
+        block = block.at[jj, kk, tgt].add(serve)[..., :N]
+    else:
+        # charge it to the creditor's item in progress when the debtor's item starts (on the
+        # given timeline ``finish`` / ``start`` [nb, K, N]); an idle creditor is busy serving
+        # from then on, which delays its next item only by what overlaps that item's start
+        fin = finish.reshape(E, N)
+        sta = start.reshape(E, N)
+        host = jnp.where(tgt < N, tgt, 0)
+        done = jnp.sum(fin.T[host] <= start[..., None], axis=-1)           # creditor items finished by then
+        slot = jnp.minimum(done, E - 1)
+        next_start = sta[slot, host]
+        charge = jnp.where(next_start <= start, serve, jnp.clip(start + serve - next_start, 0.0, serve))
+        block = jnp.zeros((E, N + 1), moved.dtype).at[slot.reshape(-1), tgt.reshape(-1)].add(
+            charge.reshape(-1))[:, :N].reshape(num_batches, K, N)
     return dict(extra=write + read_extra + migrate + block, write=write, read=read, read_extra=read_extra,
                 block=block, migrate=migrate, read_bytes=read_bytes)

@@ -47,7 +47,7 @@ class SimShape(NamedTuple):
     timeline: bool = False
     timeline_points: int = 1024
     mbkr: str = "off"
-    mbkr_iterations: int = 2
+    mbkr_iterations: int = 3
 
 
 def bucket(n: int, minimum: int = 4) -> int:
@@ -270,21 +270,28 @@ def evaluate(point: Point, shape: SimShape) -> dict:
         attention = costs.stage_attention_times(model, hw, layout, it.tokens.astype(dt), it.prefix.astype(dt),
                                                 it.requests.astype(dt), n_pad)
         kidx = jnp.arange(k_pad)
-        # item k reads what earlier real items of its own group spilled (padding reads nothing)
+        # padded item slots read nothing and add no KV event (no re-matching, no migration)
         same_before = (it.group_last[:, None] == it.group_last[None, :]) & (kidx[None, :] < kidx[:, None]) \
             & it.valid[None, :] & it.valid[:, None]
+        real = jnp.tile(it.valid, nb)[:, None]                              # [nb*K, 1]
         partner = jnp.where(stage_live, partner_of(mb.pairing, n, n_pad), -1)
         item_group = jnp.repeat(jnp.arange(nb), k_pad)
+        transfer = jnp.zeros_like(f)       # spill write + migration of the previous pass
+        extra = jnp.zeros_like(f)
         for _ in range(shape.mbkr_iterations):
-            gr = group_events(f)
+            # KV events happen when an item's computation ends: before its spill write / migration
+            kv_time = f - transfer
+            gr = group_events(kv_time)
+            fe = jnp.where(real, events(kv_time)[0], jnp.inf)
             if shape.mbkr == "dynamic":
                 spills = dynamic_spills(fe, gr, kve, item_group, budget, mb.p1, mb.p2, n)
             else:
                 slots = n_pad if shape.mbkr == "unpaired" else (n_pad + 1) // 2
                 spills = pair_spills(fe, gr, kve, item_group, budget, partner, mb.p1, mb.p2, n, slots)
             mc = spill_costs(spills, attention, same_before, mb, hw.link_latency_s, hw.eff_link,
-                             hw.hbm_bandwidth, hw.eff_hbm, nb)
+                             hw.hbm_bandwidth, hw.eff_hbm, nb, finish=f, start=f - (t[None] + extra))
             f = batch_finish_times(t[None] + mc["extra"], d, point.synchronous, nb)
+            extra, transfer = mc["extra"], mc["write"] + mc["migrate"]
             fe, re = events(f)
         peak_kv = spills["peak"]
         overflow = spills["overflow"]

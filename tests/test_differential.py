@@ -189,7 +189,7 @@ def test_compare_detects_a_disagreement():
 def test_validate_command_json(capsys):
     from mocap_jax.cli import main
 
-    code = main(["validate", "--configs", "4", "--seed", str(SEED), "--no-calibration", "--json"])
+    code = main(["validate", "--configs", "4", "--mbkr-configs", "0", "--seed", str(SEED), "--no-calibration", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out["reference_ok"] else 1)
     assert out["reference_configs"] == 4
