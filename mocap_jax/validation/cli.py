@@ -34,14 +34,7 @@ _LABELS = {
 }
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+from ..commands import positive_int as _positive  # noqa: E402  (one definition of the argparse type)
 
 
 def _non_negative(text: str) -> int:
