@@ -536,7 +536,7 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     outs = []
     for lo in range(0, P, block_size):
         hi = min(P, lo + block_size)
-        size = block_size if P > block_size else P
+        size = block_size if P > block_size else min(bucket(P, 8), block_size)  # padded: one program per bucket
         blk_items = jax.tree_util.tree_map(lambda x: _pad_rows(x[lo:hi], size), items)
         pts = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (size,) + np.shape(x)), base)
         pts = dataclasses.replace(pts, items=blk_items)
