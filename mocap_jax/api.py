@@ -25,7 +25,7 @@ from .costs import HardwareParams, ModelParams, StageLayout
 from .mbkr import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, STATIC_PAIRING_CODE, MBKRParams,
                    check_thresholds, pair_routes, partner_of)
 from .mesh import snake_placement
-from .schedule import ItemTable, Point, SimShape, bucket, evaluate_batched, evaluate_one
+from .schedule import ItemTable, Point, SimShape, bucket, evaluate_items_batched, evaluate_one
 from .specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 CORE_SCHEMES = ("gpipe", "terapipe")
@@ -538,10 +538,10 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
         hi = min(P, lo + block_size)
         size = block_size if P > block_size else min(bucket(P, 8), block_size)  # padded: one program per bucket
         blk_items = jax.tree_util.tree_map(lambda x: _pad_rows(x[lo:hi], size), items)
-        pts = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (size,) + np.shape(x)), base)
-        pts = dataclasses.replace(pts, items=blk_items)
-        out = jax.device_get(evaluate_batched(pts, shape))
+        out = jax.device_get(evaluate_items_batched(blk_items, base, shape))
         outs.append({k: np.asarray(v)[: hi - lo] for k, v in out.items()})
+    if len(outs) == 1:
+        return outs[0]
     return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
 
 

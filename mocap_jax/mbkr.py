@@ -16,6 +16,7 @@ Shapes: ``E`` events-items per stage (``num_batches x K_pad``), ``N`` = ``N_pad`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -92,8 +93,17 @@ def pair_routes(hw: HardwareSpec, placement, partner: np.ndarray | None, n_pad: 
     Links shared by several concurrent transfers share their bandwidth: the
     concurrent set is every pipeline hand-off (s -> s+1) plus every MBKR pair route
     (both directions); a route's effective bandwidth is the minimum over its links
-    of ``link_bandwidth / transfers using the link``.
+    of ``link_bandwidth / transfers using the link``.  Results are memoised per
+    (hardware, placement, partners, N_pad, dtype); callers get fresh copies.
     """
+    key_partner = None if partner is None else tuple(int(q) for q in np.asarray(partner))
+    hops, bw = _pair_routes_cached(hw, tuple(int(d) for d in np.asarray(placement)), key_partner, int(n_pad),
+                                   np.dtype(dtype).str)
+    return hops.copy(), bw.copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _pair_routes_cached(hw: HardwareSpec, placement: tuple, partner: tuple | None, n_pad: int, dtype: str):
     placement = np.asarray(placement)
     n = len(placement)
     routes = [(int(placement[s]), int(placement[s + 1])) for s in range(n - 1)]

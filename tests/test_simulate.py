@@ -7,7 +7,7 @@ import pytest
 
 import mocap_jax as mj
 from mocap_jax import api
-from mocap_jax.schedule import evaluate_batched
+from mocap_jax.schedule import evaluate_items_batched
 from mocap_jax.specs import get_hardware, get_model
 
 
@@ -87,7 +87,7 @@ def test_batched_equals_loop_of_single_simulations():
 
 def test_no_recompilation_inside_a_bucket():
     """Different partitions, chunk counts, sequence lengths, batches and stage counts share one program."""
-    before = evaluate_batched._cache_size()
+    before = evaluate_items_batched._cache_size()
     kw = dict(dtype="float32", num_batches=2, k_pad=32)
     for S, M, B in [(8192, 20, 1), (16384, 32, 3), (65536, 17, 2)]:
         mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S], chunks=M, batch=[B, B + 1], block_size=8, **kw)
@@ -95,14 +95,14 @@ def test_no_recompilation_inside_a_bucket():
         mj.simulate_batch("llama3-70b", "mocap-4x4", [8192] * 2, chunks=8, stages=stages, block_size=8, **kw)
     mj.simulate_batch("llama3-70b", "mocap-2x4", [8192] * 2, chunks=8, stages=8, block_size=8,
                       release="request", admission="synchronous", **kw)
-    assert evaluate_batched._cache_size() - before <= 2  # N_pad 16 and N_pad 8
+    assert evaluate_items_batched._cache_size() - before <= 2  # N_pad 16 and N_pad 8
 
 
 def test_mesh_sizes_share_a_bucket_program():
-    before = evaluate_batched._cache_size()
+    before = evaluate_items_batched._cache_size()
     for hw in ("mocap-3x3", "mocap-3x4", "mocap-4x4"):
         mj.simulate_batch("llama3-70b", hw, [8192] * 4, chunks=8, block_size=4, k_pad=8)
-    assert evaluate_batched._cache_size() - before == 1
+    assert evaluate_items_batched._cache_size() - before == 1
 
 
 def test_infeasible_points_are_results_not_errors():
