@@ -217,33 +217,52 @@ def lm_head_time(model: ModelParams, hw: HardwareParams, b, xp=jnp):
                     hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
 
 
-def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp):
+def _stage_vector(v, stage_axis: int):
+    """A per-stage ``[N_pad]`` vector shaped to broadcast along ``stage_axis`` (-1 or -2) of a result."""
+    return v if stage_axis == -1 else v[:, None]
+
+
+def _with_stage_axis(x, stage_axis: int):
+    """Insert a length-1 stage axis at ``stage_axis`` (-1: last; -2: before the last axis); any array type."""
+    if stage_axis not in (-1, -2):
+        raise ValueError(f"stage_axis must be -1 or -2, got {stage_axis}")
+    return x[..., None] if stage_axis == -1 else x[..., None, :]
+
+
+def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp,
+                 stage_axis: int = -1):
     """Hand-off delay d[..., s] from stage s to s+1: hops x latency + bytes / effective bandwidth.
 
     ``c`` and ``b`` have shape ``[...]``; the result is ``[..., N_pad]``, zero for
-    ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).
+    ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).  With
+    ``stage_axis=-2`` inputs ``[..., C]`` give ``[..., N_pad, C]`` (configurations last).
     """
-    bytes_ = (b * c * model.hidden * hw.activation_bytes)[..., None]
+    sv = lambda v: _stage_vector(v, stage_axis)
+    bytes_ = _with_stage_axis(b * c * model.hidden * hw.activation_bytes, stage_axis)
     s = xp.arange(n_pad)
-    live = s < layout.num_stages - 1
-    d = layout.handoff_hops * hw.link_latency_s + bytes_ / (layout.handoff_bandwidth * hw.eff_link)
+    live = sv(s < layout.num_stages - 1)
+    d = sv(layout.handoff_hops) * hw.link_latency_s + bytes_ / (sv(layout.handoff_bandwidth) * hw.eff_link)
     return xp.where(live, d, 0.0)
 
 
-def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp):
+def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp,
+                stage_axis: int = -1):
     """Time of each item on each stage, ``t[..., N_pad]`` in seconds.
 
     Args:
       c, p, b: ``[...]`` chunk tokens, prefix tokens, requests of each item.
       last: ``[...]`` bool, the item ends its requests (the LM head runs on the last stage).
       n_pad: static stage bucket size.
+      stage_axis: -1 (default) appends the stage axis; -2 inserts it before the last
+        input axis (inputs ``[..., C]`` give ``[..., N_pad, C]``, configurations last).
     """
-    dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
-    cc, pp, bb = (x[..., None] for x in (c, p, b))
+    sv = lambda v: _stage_vector(v, stage_axis)
+    dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
+    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
     t = dense * dense_layer_time(model, hw, cc, pp, bb, xp) + moe * moe_layer_time(model, hw, cc, pp, bb, xp)
-    s = xp.arange(n_pad)
+    s = sv(xp.arange(n_pad))
     t = t + xp.where(s == 0, embedding_time(model, hw, cc, bb), 0.0)
-    head = xp.where(last[..., None], lm_head_time(model, hw, bb, xp), 0.0)
+    head = xp.where(_with_stage_axis(last, stage_axis), lm_head_time(model, hw, bb, xp), 0.0)
     t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
     return xp.where(s < layout.num_stages, t, 0.0)
 
@@ -264,14 +283,18 @@ def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages,
     return (dense + moe) * model.kv_elements_per_token_layer * hw.kv_bytes
 
 
-def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c, b):
-    """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``."""
-    tokens = (b * c)[..., None]
-    return tokens * kv_per_token + hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes
+def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c, b, stage_axis: int = -1):
+    """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``
+    (``stage_axis`` as in :func:`stage_times`)."""
+    tokens = _with_stage_axis(b * c, stage_axis)
+    return tokens * _stage_vector(kv_per_token, stage_axis) + \
+        hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes
 
 
-def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp):
-    """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap)."""
+def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp,
+                          stage_axis: int = -1):
+    """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap;
+    ``stage_axis`` as in :func:`stage_times`)."""
     dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
-    cc, pp, bb = (x[..., None] for x in (c, p, b))
-    return (dense + moe) * attention_time(model, hw, cc, pp, bb, xp)
+    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
+    return _stage_vector(dense + moe, stage_axis) * attention_time(model, hw, cc, pp, bb, xp)

@@ -14,8 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
+from . import chunked_prefill
 from .costs import _pytree
 from .schedule import Point, SimShape, chunked_items, evaluate
 from .serving import ServingShape, e2e_latency
@@ -58,13 +60,36 @@ def evaluate_e2e(units, ctx: PartitionContext, shape: SimShape, serving: Serving
 
 @dataclass(frozen=True)
 class PrefillObjective:
-    """Prefill latency (``kind="prefill"``) or saturation period = B / throughput (``kind="throughput"``)."""
+    """Prefill latency (``kind="prefill"``) or saturation period = B / throughput (``kind="throughput"``).
+
+    ``stages`` (set by :meth:`specialise` from a host-side context) enables the batched
+    kernel :func:`mocap_jax.chunked_prefill.prefill_blocks` in :meth:`many` for buckets it
+    covers (one batch, MBKR off or static pairs); results equal ``vmap(self)``.
+    """
 
     shape: SimShape
     kind: str = "prefill"
+    stages: chunked_prefill.StageStructure | None = None
 
     def __call__(self, units, ctx: PartitionContext):
         out = evaluate_prefill(units, ctx, self.shape)
+        if self.kind == "throughput":
+            return jnp.where(out["feasible"], out["period_s"], jnp.inf)
+        return out["prefill_latency_s"]
+
+    def specialise(self, ctx: PartitionContext) -> "PrefillObjective":
+        """This objective with the static stage structure of ``ctx`` (host-side NumPy numbers)."""
+        if not chunked_prefill.supports(self.shape):
+            return self
+        return dataclasses.replace(self, stages=chunked_prefill.stage_structure(ctx.point, self.shape))
+
+    def many(self, units, ctx: PartitionContext):
+        """The objective of ``units[C, M]`` partitions, ``[C]`` seconds."""
+        if self.stages is None or not chunked_prefill.supports(self.shape):
+            return jax.vmap(self, in_axes=(0, None))(units, ctx)
+        block = chunked_prefill.BLOCK if units.shape[0] % chunked_prefill.BLOCK == 0 else units.shape[0]
+        out = chunked_prefill.prefill_blocks(units * ctx.granularity, ctx.batch, ctx.point, self.shape,
+                                             self.stages, block)
         if self.kind == "throughput":
             return jnp.where(out["feasible"], out["period_s"], jnp.inf)
         return out["prefill_latency_s"]

@@ -187,16 +187,22 @@ class AnnealResult(NamedTuple):
 PENALTY = 1e6   # relative objective of an infeasible partition
 
 
-def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
-    """One Metropolis step of every chain at temperature ``temp`` (relative to ``reference``).
+def _many(objective, units, ctx):
+    """``objective`` of ``units[C, M]``: its own batched form (``objective.many``) if it has one."""
+    many = getattr(objective, "many", None)
+    if many is None:
+        return jax.vmap(objective, in_axes=(0, None))(units, ctx)
+    return many(units, ctx)
 
-    ``carry = (part, val, best, best_val, accepted, key)``.
-    """
-    part, val, best, best_val, acc, key = carry
+
+def _relative(values, reference):
+    return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
+
+
+def _propose(part, key, *, max_shift: int):
+    """One-boundary moves of every chain: ``(proposal, valid, key, acceptance key)``."""
     chains, M = part.shape
     rows = jnp.arange(chains)
-    f = jax.vmap(objective, in_axes=(0, None))
-    rel = lambda v: jnp.where(jnp.isfinite(v), v / reference, PENALTY)
     key, kb, ks, kd, ku = jax.random.split(key, 5)
     bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32)
     mag = jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32)
@@ -206,8 +212,17 @@ def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
     ok = (left >= 1) & (right >= 1) & (M > 1)
     prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
     prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
-    pv = rel(f(prop, ctx))
-    accept = ok & ((pv <= val) | (jax.random.uniform(ku, (chains,)) < jnp.exp(-(pv - val) / temp)))
+    return prop, ok, key, ku
+
+
+def _accept(carry, prop, ok, ku, values, temp, reference):
+    """Metropolis acceptance of the proposals at temperature ``temp`` (relative to ``reference``).
+
+    ``carry = (part, val, best, best_val, accepted, key)``; ``values`` are the proposals' objectives.
+    """
+    part, val, best, best_val, acc, key = carry
+    pv = _relative(values, reference)
+    accept = ok & ((pv <= val) | (jax.random.uniform(ku, val.shape) < jnp.exp(-(pv - val) / temp)))
     part = jnp.where(accept[:, None], prop, part)
     val = jnp.where(accept, pv, val)
     better = val < best_val
@@ -216,33 +231,42 @@ def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
     return part, val, best, best_val, acc + accept.sum().astype(jnp.int32), key
 
 
-def _anneal_init(objective, ctx, init, key, reference):
-    v = jax.vmap(objective, in_axes=(0, None))(init, ctx)
-    v = jnp.where(jnp.isfinite(v), v / reference, PENALTY)
+def _accept_then_propose(carry, prop, ok, ku, values, temp, reference, *, max_shift: int):
+    """Accept or reject this step's proposals, then draw the next step's."""
+    carry = _accept(carry, prop, ok, ku, values, temp, reference)
+    nxt, nok, key, nku = _propose(carry[0], carry[5], max_shift=max_shift)
+    return carry[:5] + (key,), nxt, nok, nku
+
+
+def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
+    """One Metropolis step of every chain (propose, evaluate, accept) as one function."""
+    prop, ok, key, ku = _propose(carry[0], carry[5], max_shift=max_shift)
+    carry = carry[:5] + (key,)
+    return _accept(carry, prop, ok, ku, _many(objective, prop, ctx), temp, reference)
+
+
+def _anneal_init(values, init, key, reference):
+    v = _relative(values, reference)
     return init, v, init, v, jnp.zeros((), jnp.int32), key
 
 
-anneal_step_jit = jax.jit(_anneal_step, static_argnames=("objective", "max_shift"), donate_argnums=(2,))
-"""One annealing step for every chain, compiled once per objective and shape.  The
-step loop runs in Python: an objective that itself scans (the §5 recurrence, the
-MBKR event scans) ran several times slower nested inside an XLA while loop on CPU."""
+anneal_step_jit = jax.jit(_anneal_step, static_argnames=("objective", "max_shift"))
+"""One whole annealing step compiled as one program (kept for callers that want a single call)."""
 
-anneal_init_jit = jax.jit(_anneal_init, static_argnames=("objective",))
+_propose_jit = jax.jit(_propose, static_argnames=("max_shift",))
+_accept_then_propose_jit = jax.jit(_accept_then_propose, static_argnames=("max_shift",), donate_argnums=(0,))
+_anneal_init_jit = jax.jit(_anneal_init)
 
 
 def _call(objective, units, ctx):
     return objective(units, ctx)
 
 
-def _call_many(objective, units, ctx):
-    return jax.vmap(objective, in_axes=(0, None))(units, ctx)
-
-
 objective_jit = jax.jit(_call, static_argnums=0)
 """``objective(units[M], ctx)`` compiled once per (hashable) objective and shape."""
 
-objective_many_jit = jax.jit(_call_many, static_argnums=0)
-"""``objective`` vmapped over ``units[P, M]``, compiled once per objective and shape."""
+objective_many_jit = jax.jit(_many, static_argnums=0)
+"""``objective`` of ``units[P, M]`` (its batched form if it has one), compiled once per objective and shape."""
 
 
 def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
@@ -251,7 +275,9 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
 
     Args:
       objective: hashable callable ``(units[M] int, ctx) -> seconds`` to minimise
-        (``inf`` = infeasible); vmapped over chains.
+        (``inf`` = infeasible); vmapped over chains, unless it has a batched form
+        ``many(units[C, M], ctx)``; ``objective.specialise(ctx)`` (if defined) is applied
+        first, with ``ctx`` still on the host.
       ctx: pytree of traced numbers the objective needs.
       init_units: ``[M]`` or ``[chains, M]`` starting partitions (every chunk >= 1 unit).
       key: PRNG key (a fixed key gives identical results).
@@ -262,24 +288,29 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     Returns:
       :class:`AnnealResult` (objective in seconds, ``inf`` if no chain found a feasible partition).
     """
+    if hasattr(objective, "specialise"):
+        objective = objective.specialise(ctx)           # static structure read from the host-side context
     init = jnp.asarray(init_units, jnp.int32)
     if init.ndim == 1:
         init = jnp.broadcast_to(init, (chains, init.shape[0]))
+    ctx = jax.device_put(ctx)
+    init_values = objective_many_jit(objective, init, ctx)
     if reference is None:
-        reference = float(np.asarray(objective_jit(objective, init[0], ctx)))
+        reference = float(np.asarray(init_values[0]))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
     ref = jnp.asarray(reference, jnp.float32)
-    ctx = jax.device_put(ctx)
-    temps = jnp.asarray(t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1)), jnp.float32)
-    devices = jax.devices()
-    if len(devices) > 1 and init.shape[0] % len(devices) == 0 and init.shape[0] // len(devices) >= 256:
-        # many chains: split them across local devices
-        mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(jax.sharding.AxisType.Auto,))
-        init = jax.device_put(init, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("chains")))
-    carry = anneal_init_jit(objective, ctx, init, key, ref)
+    temps = (t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1))).astype(np.float32)
+    # the step loop runs in Python around three compiled programs (proposal, objective, acceptance):
+    # the objective is compiled once and shared with the initial evaluation, and objectives that
+    # scan internally ran several times slower nested inside an XLA while loop on CPU
+    carry = _anneal_init_jit(init_values, init, key, ref)
+    prop, ok, k, ku = _propose_jit(carry[0], carry[5], max_shift=max_shift)
+    carry = carry[:5] + (k,)
     for i in range(steps):   # geometric cooling from t_start to t_end
-        carry = anneal_step_jit(objective, ctx, carry, temps[i], ref, max_shift=max_shift)
+        values = objective_many_jit(objective, prop, ctx)
+        carry, prop, ok, ku = _accept_then_propose_jit(carry, prop, ok, ku, values, temps[i], ref,
+                                                       max_shift=max_shift)
     _, _, best, best_val, acc, _ = carry
     best_val = np.asarray(best_val) * reference
     i = int(np.argmin(best_val))

@@ -162,3 +162,27 @@ def pipeline_latency(t, handoff: Optional[jax.Array] = None, ready: Optional[jax
     """
     t, d, r, _ = _prepare(t, handoff, ready)
     return _latency_core(t, d, r)
+
+
+def finish_times_items_first(t, handoff):
+    """:func:`finish_times` for inputs laid out ``t[K, N, *B]`` (batch axes last), no ready times.
+
+    For kernels that keep many configurations on the trailing (contiguous) axes
+    throughout, so no transposes are needed around the wavefront scan.
+
+    Returns:
+      ``[K, N, *B]`` finish times in seconds (every stage free at time 0).
+    """
+    K, N = t.shape[:2]
+    batch = t.shape[2:]
+    zeros = jnp.zeros((K,) + batch, t.dtype)
+    _, diag = _wavefront(t, handoff, zeros, jnp.zeros((N,) + batch, t.dtype), keep_all=True)
+    return _unskew(diag, K)
+
+
+def latency_items_first(t, handoff):
+    """:func:`pipeline_latency` for inputs laid out ``t[K, N, *B]``; returns ``[*B]`` seconds."""
+    K = t.shape[0]
+    batch = t.shape[2:]
+    f, _ = _wavefront(t, handoff, jnp.zeros((K,) + batch, t.dtype), None, keep_all=False)
+    return f[-1]
