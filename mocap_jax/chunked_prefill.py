@@ -264,7 +264,8 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     return charged - jnp.concatenate([jnp.zeros_like(charged[:1]), charged[:-1]], axis=0)
 
 
-def prefill_many(partition, batch, point: Point, shape: SimShape, structure: StageStructure) -> dict:
+def prefill_many(partition, batch, point: Point, shape: SimShape, structure: StageStructure,
+                 detail: bool = False) -> dict:
     """EvaluatePrefill of ``C`` chunked partitions of one batch.
 
     Args:
@@ -273,6 +274,11 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
       point: the configuration (its item table is ignored); unbatched leaves.
       shape: a bucket with :func:`supports` true.
       structure: :func:`stage_structure` of ``point`` (static; must match its stage count and pairing).
+      detail: also return the rest of :func:`mocap_jax.schedule.evaluate`'s keys for MBKR-off
+        buckets, with the configurations on the **last** axis (no device-side transposes; a
+        host-side ``np.moveaxis(x, -1, 0)`` gives evaluate's layout): ``finish_times``
+        ``[1, K, N, C]``, ``stage_times`` and ``handoff_times`` ``[K, N, C]``, per-stage arrays
+        ``[N, C]``, scalars ``[C]``.
 
     Returns:
       dict of ``[C]`` arrays: ``prefill_latency_s`` (inf if infeasible),
@@ -352,24 +358,38 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
     feasible = jnp.all((peak_mem <= capacity) | ~stage_live, axis=0) & ~overflow
     stage_work = jnp.sum(t_eff, axis=0)                                               # [N, C]
     period = jnp.where(point.synchronous, latency, jnp.max(stage_work, axis=0))
-    return dict(prefill_latency_s=jnp.where(feasible, latency, jnp.inf), raw_latency_s=latency, feasible=feasible,
-                period_s=period, peak_mem_bytes_per_stage=peak_mem.T)
+    out = dict(prefill_latency_s=jnp.where(feasible, latency, jnp.inf), raw_latency_s=latency, feasible=feasible,
+               period_s=period, peak_mem_bytes_per_stage=peak_mem.T)
+    if detail:
+        if shape.mbkr != "off":
+            raise ValueError("prefill_many(detail=True) covers MBKR-off buckets; use schedule.evaluate for MBKR")
+        throughput = b[0] / period                                   # each request counted once
+        out.update(
+            finish_times=f[None], stage_times=t, handoff_times=d, peak_mem_bytes_per_stage=peak_mem,
+            throughput_rps=jnp.where(feasible, throughput, 0.0),
+            bubble_fraction=1.0 - jnp.sum(stage_work, axis=0) / (n.astype(dt) * latency),
+            stage_utilisation=jnp.where(stage_live, stage_work / period, 0.0), kv_peak_bytes_per_stage=peak_kv,
+            workspace_bytes_per_stage=workspace, weight_bytes_per_stage=jnp.broadcast_to(weights, (N, C)),
+            capacity_bytes=jnp.broadcast_to(capacity, (C,)))
+    return out
 
 
-def prefill_blocks(partition, batch, point: Point, shape: SimShape, structure: StageStructure, block: int = BLOCK):
+def prefill_blocks(partition, batch, point: Point, shape: SimShape, structure: StageStructure, block: int = BLOCK,
+                   detail: bool = False):
     """:func:`prefill_many` over ``[C, K]`` partitions in blocks of ``block`` (``C`` a multiple of it
-    when larger); ``batch`` scalar or ``[C]``.  Same results, evaluated block by block with ``lax.map``."""
+    when larger); ``batch`` scalar or ``[C]``.  Same results, evaluated block by block with ``lax.map``
+    (``detail`` evaluates all partitions at once, keeping its configurations-last layout)."""
     partition = jnp.asarray(partition)
     C = partition.shape[0]
-    if C <= block:
-        return prefill_many(partition, batch, point, shape, structure)
+    if C <= block or detail:
+        return prefill_many(partition, batch, point, shape, structure, detail)
     if C % block:
         raise ValueError(f"{C} partitions are not a multiple of the block size {block}")
     batch = jnp.broadcast_to(jnp.asarray(batch), (C,)).reshape(-1, block)
-    out = lax.map(lambda xs: prefill_many(xs[0], xs[1], point, shape, structure),
+    out = lax.map(lambda xs: prefill_many(xs[0], xs[1], point, shape, structure, detail),
                   (partition.reshape(-1, block, partition.shape[1]), batch))
     return jax.tree_util.tree_map(lambda x: x.reshape((C,) + x.shape[2:]), out)
 
 
-prefill_many_jit = jax.jit(prefill_blocks, static_argnames=("shape", "structure", "block"))
+prefill_many_jit = jax.jit(prefill_blocks, static_argnames=("shape", "structure", "block", "detail"))
 """``prefill_blocks`` compiled once per bucket, stage structure and number of partitions."""

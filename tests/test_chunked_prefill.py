@@ -68,3 +68,25 @@ def test_matches_evaluate(case, mode, seed=0):
     if mbkr_mode == "static" and p1 < p2:
         assert ref["spilled_bytes"].max() > 0, "the sample must exercise spills"
     assert 0 < ref["feasible"].sum() < len(parts), "the sample must hold feasible and infeasible points"
+
+
+@pytest.mark.parametrize("release,admission,stages", [("stage", "streaming", None), ("request", "synchronous", 12)])
+def test_simulate_batch_fast_route_matches_evaluate(release, admission, stages):
+    """simulate_batch sends one-batch, MBKR-off chunked points through prefill_many(detail=True):
+    every key evaluate returns, with the same shapes and values."""
+    rng = np.random.default_rng(7)
+    parts = _random_partitions(rng, 40, 65536, 16, 256)
+    batches = rng.integers(1, 120, size=len(parts))
+    kw = dict(partition=parts, batch=batches, num_batches=1, release=release, admission=admission, stages=stages,
+              dtype="float64")
+    fast = api.simulate_batch("llama3-70b", "mocap-4x4", np.full(len(parts), 65536), **kw)
+    m, hw = api.get_model("llama3-70b"), api.get_hardware("mocap-4x4")
+    n = stages or hw.num_dies
+    point, *_ = _point("llama3-70b", "mocap-4x4", stages, "cross-half", 0.0, 0.85, release, admission, 16, "off")
+    items = api._batched_items("terapipe", np.full(len(parts), 65536), batches, parts, 1, 16)
+    ref = jax.device_get(evaluate_items_batched(items, point, SimShape(k_pad=16, n_pad=bucket(n), num_batches=1)))
+    assert set(fast) == set(ref)
+    for key in ref:
+        assert np.shape(fast[key]) == np.shape(ref[key]), key
+        np.testing.assert_allclose(np.asarray(fast[key], float), np.asarray(ref[key], float), rtol=1e-12, err_msg=key)
+    assert 0 < ref["feasible"].sum() < len(parts)
