@@ -238,20 +238,10 @@ def _accept_then_propose(carry, prop, ok, ku, values, temp, reference, *, max_sh
     return carry[:5] + (key,), nxt, nok, nku
 
 
-def _anneal_step(objective, ctx, carry, temp, reference, *, max_shift: int):
-    """One Metropolis step of every chain (propose, evaluate, accept) as one function."""
-    prop, ok, key, ku = _propose(carry[0], carry[5], max_shift=max_shift)
-    carry = carry[:5] + (key,)
-    return _accept(carry, prop, ok, ku, _many(objective, prop, ctx), temp, reference)
-
-
 def _anneal_init(values, init, key, reference):
     v = _relative(values, reference)
     return init, v, init, v, jnp.zeros((), jnp.int32), key
 
-
-anneal_step_jit = jax.jit(_anneal_step, static_argnames=("objective", "max_shift"))
-"""One whole annealing step compiled as one program (kept for callers that want a single call)."""
 
 _propose_jit = jax.jit(_propose, static_argnames=("max_shift",))
 _accept_then_propose_jit = jax.jit(_accept_then_propose, static_argnames=("max_shift",), donate_argnums=(0,))
