@@ -82,7 +82,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir="figures", log=print) -> dict:
-    """Run the whole study; returns ``{"rows", "max_seq", "figures", "wall_s"}`` and writes files."""
+    """Run the whole study; returns ``{"rows", "max_seq", "figures", "wall_s", "results_dir", "figures_dir"}``
+    and writes files."""
     from .figures import chunks as fchunks, gantt as fgantt, latency as flatency, max_seq as fmax, occupancy as focc
 
     cfg = cfg or StudyConfig()
@@ -134,7 +135,8 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
                                              for k in range(len(cd["uniform_partition"]))])
     wall = time.perf_counter() - t0
     log(f"[{wall:6.1f}s] figures written to {fig_dir}/")
-    return {"rows": rows, "max_seq": max_rows, "longest": longest, "figures": figs, "wall_s": wall}
+    return {"rows": rows, "max_seq": max_rows, "longest": longest, "figures": figs, "wall_s": wall,
+            "results_dir": str(res_dir), "figures_dir": str(fig_dir)}
 
 
 def _s(x):
@@ -157,7 +159,8 @@ def summary_table(result: dict) -> str:
     lines.append("longest feasible sequence vs chunks (" + result["max_seq"][0]["model"] + "): " + ", ".join(
         f"M={r['chunks']}: TeraPipe {r['max_seq_len_terapipe']:,} / MBKR {r['max_seq_len_mbkr']:,}"
         for r in result["max_seq"]))
-    lines.append(f"wall time {result['wall_s']:.0f} s; results in results/*.csv, figures in figures/*.png")
+    lines.append(f"wall time {result['wall_s']:.0f} s; results in {result.get('results_dir', 'results')}/*.csv, "
+                 f"figures in {result.get('figures_dir', 'figures')}/*.png")
     return "\n".join(lines)
 
 
