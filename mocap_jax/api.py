@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import chunked_prefill, costs

@@ -17,7 +17,7 @@ Units: partitions in tokens at the API, in units of ``g`` inside (``U = S / g``)
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
