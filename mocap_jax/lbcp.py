@@ -17,6 +17,7 @@ Units: partitions in tokens at the API, in units of ``g`` inside (``U = S / g``)
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -259,6 +260,41 @@ objective_many_jit = jax.jit(_many, static_argnums=0)
 """``objective`` of ``units[P, M]`` (its batched form if it has one), compiled once per objective and shape."""
 
 
+def _objective_per_device(objective, units, ctx):
+    return objective.many(units, ctx)
+
+
+def _sharded_objective(objective, ctx, chains: int):
+    """``units -> values`` for the step loop.
+
+    An objective with a batched form runs on every local CPU device at once when the chains
+    divide evenly (``shard_map``, no collectives): proposals are split across the devices and the
+    values gathered back to the first, so acceptance stays a single-device program (an SPMD
+    acceptance step with a cross-device sum deadlocked in XLA:CPU's rendezvous after ~1,000 queued
+    steps).  Otherwise one device evaluates everything.
+    """
+    devices = jax.local_devices()
+    nd = len(devices)
+    if getattr(objective, "many", None) is None or nd < 2 or chains % nd or devices[0].platform != "cpu":
+        return lambda units: objective_many_jit(objective, units, ctx)
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+    mesh = jax.make_mesh((nd,), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
+    split, whole = NamedSharding(mesh, PartitionSpec("chains")), NamedSharding(mesh, PartitionSpec())
+    fn = _sharded_jit(objective, mesh)
+    ctx_everywhere = jax.device_put(ctx, whole)
+    first = devices[0]
+    return lambda units: jax.device_put(fn(jax.device_put(units, split), ctx_everywhere), first)
+
+
+@functools.lru_cache(maxsize=16)
+def _sharded_jit(objective, mesh):
+    from jax.sharding import PartitionSpec
+    per_device = jax.shard_map(functools.partial(_objective_per_device, objective), mesh=mesh,
+                               in_specs=(PartitionSpec("chains"), PartitionSpec()),
+                               out_specs=PartitionSpec("chains"), check_vma=False)
+    return jax.jit(per_device)
+
+
 def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
            t_start: float = 0.02, t_end: float = 1e-4, reference: float | None = None) -> AnnealResult:
     """Simulated annealing over partitions in units of ``g``.
@@ -284,7 +320,8 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     if init.ndim == 1:
         init = jnp.broadcast_to(init, (chains, init.shape[0]))
     ctx = jax.device_put(ctx)
-    init_values = objective_many_jit(objective, init, ctx)
+    evaluate = _sharded_objective(objective, ctx, init.shape[0])
+    init_values = evaluate(init)
     if reference is None:
         reference = float(np.asarray(init_values[0]))
     if not np.isfinite(reference) or reference <= 0:
@@ -298,7 +335,7 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     prop, ok, k, ku = _propose_jit(carry[0], carry[5], max_shift=max_shift)
     carry = carry[:5] + (k,)
     for i in range(steps):   # geometric cooling from t_start to t_end
-        values = objective_many_jit(objective, prop, ctx)
+        values = evaluate(prop)
         carry, prop, ok, ku = _accept_then_propose_jit(carry, prop, ok, ku, values, temps[i], ref,
                                                        max_shift=max_shift)
     _, _, best, best_val, acc, _ = carry
