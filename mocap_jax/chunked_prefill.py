@@ -33,7 +33,7 @@ partitions, ``L`` pair slots (``ceil(N / 2)`` for cross-half and head-to-tail pa
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,9 +43,8 @@ from jax import lax
 from . import costs
 from .mbkr import partner_of
 from .pipeline import finish_times_items_first
-from .schedule import Point, SimShape, kv_peak
+from .schedule import Point, SimShape, kv_peak, sum_of_first
 
-Array = Any
 
 MODES = ("off", "static", "unpaired")
 #: partitions evaluated together by :func:`prefill_blocks` (measured fastest on a 2-core CPU)
@@ -92,16 +91,6 @@ def _cumsum(x):
             out.append(out[-1] + x[k])
         return jnp.stack(out)
     return jnp.tensordot(jnp.tril(jnp.ones((K, K), x.dtype)), x, axes=1)
-
-
-def _exclusive(x):
-    """``[0, cumsum(x)]`` along axis 0: ``K + 1`` entries, entry ``m`` the sum of the first ``m``."""
-    return jnp.concatenate([jnp.zeros_like(x[:1]), _cumsum(x)], axis=0)
-
-
-def _sum_of_first(x, count):
-    """Sum of the first ``count`` entries of ``x`` along axis 0 (``count`` int, any leading shape)."""
-    return jnp.take_along_axis(_exclusive(x), count, axis=0)
 
 
 def _partner_stages(x, partner: np.ndarray):
@@ -187,17 +176,18 @@ def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructur
     # prefix: count them (integer comparisons) and read the prefix sum.
     b_count = jnp.sum(tb[None, :] < ta[:, None], axis=1, dtype=jnp.int32)                 # [K(a), L, C]
     a_count = jnp.sum(ta[:, None] <= tb[None, :], axis=0, dtype=jnp.int32)                # [K(b), L, C]
-    b_before = _sum_of_first(xb, b_count)                                                 # b's KV before a's i
-    a_upto = _sum_of_first(xa, a_count)                                                   # a's KV before b's j
+    added_a, added_b = _cumsum(xa), _cumsum(xb)
+    b_before = sum_of_first(added_b, b_count)                                             # b's KV before a's i
+    a_upto = sum_of_first(added_a, a_count)                                               # a's KV before b's j
     phase1 = tb < ra[None]                                                            # b's adds before a's release
 
     # a spills into b (b's room shrinks as b adds its own KV)
-    excess_a = jnp.clip(_cumsum(xa) - high_a, 0.0, xa)
+    excess_a = jnp.clip(added_a - high_a, 0.0, xa)
     gate_a = b_before >= low_b
     room_a = high_b - b_before
     first_a = jnp.min(jnp.where(okc & (excess_a > 0) & gate_a & (room_a > 0), ta, inf), axis=0)
     # b spills into a before a's release
-    excess_b = jnp.clip(_cumsum(xb) - high_b, 0.0, xb)
+    excess_b = jnp.clip(added_b - high_b, 0.0, xb)
     gate_b = phase1 & (a_upto >= low_a)
     room_b = high_a - a_upto
     first_b = jnp.min(jnp.where(okc & (excess_b > 0) & gate_b & (room_b > 0), tb, inf), axis=0)
@@ -260,7 +250,7 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     # with slot <= q minus those with slot <= q - 1, both prefixes
     q = jnp.arange(K)[None, :, None, None]
     upto = jnp.sum(slot_d[:, None] <= q, axis=0, dtype=jnp.int32)                          # [K(q), N, C]
-    charged = _sum_of_first(charge_d, upto)
+    charged = sum_of_first(_cumsum(charge_d), upto)
     return charged - jnp.concatenate([jnp.zeros_like(charged[:1]), charged[:-1]], axis=0)
 
 

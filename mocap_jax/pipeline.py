@@ -179,10 +179,3 @@ def finish_times_items_first(t, handoff):
     _, diag = _wavefront(t, handoff, zeros, jnp.zeros((N,) + batch, t.dtype), keep_all=True)
     return _unskew(diag, K)
 
-
-def latency_items_first(t, handoff):
-    """:func:`pipeline_latency` for inputs laid out ``t[K, N, *B]``; returns ``[*B]`` seconds."""
-    K = t.shape[0]
-    batch = t.shape[2:]
-    f, _ = _wavefront(t, handoff, jnp.zeros((K,) + batch, t.dtype), None, keep_all=False)
-    return f[-1]

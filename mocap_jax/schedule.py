@@ -1,7 +1,7 @@
 """Work items, timing and KV occupancy of one configuration (DESIGN §5, §6; docs/semantics.md).
 
 The single-configuration kernel :func:`evaluate` is written plainly for one point;
-:func:`evaluate_batched` is ``jit(vmap(evaluate))`` with the static bucket shape as
+:func:`evaluate_items_batched` is ``jit(vmap(evaluate))`` with the static bucket shape as
 the only static argument, so every point inside a bucket (any partition, sequence
 length, batch, chunk count <= K_pad, stage count <= N_pad, model, hardware numbers,
 admission mode and release policy) reuses one compiled program.
@@ -209,9 +209,17 @@ def kv_peak(finish, kv, release):
     else:
         released_count = jax.vmap(lambda r, f: jnp.searchsorted(r, f, side="right"), in_axes=1, out_axes=1)(
             release, finish).astype(jnp.int32)
-    added0 = jnp.concatenate([jnp.zeros_like(added[:1]), added], axis=0)              # [E + 1, N]
-    released = jnp.take_along_axis(added0, released_count, axis=0)
+    released = sum_of_first(added, released_count)
     return jnp.maximum(jnp.max(added - released, axis=0), 0.0)
+
+
+def sum_of_first(prefix, count):
+    """Sum of the first ``count`` entries along axis 0, given the inclusive prefix sums ``prefix``.
+
+    ``count`` is an int array (any leading size, the trailing axes of ``prefix``); a count of
+    0 gives 0.
+    """
+    return jnp.take_along_axis(jnp.concatenate([jnp.zeros_like(prefix[:1]), prefix], axis=0), count, axis=0)
 
 
 def evaluate(point: Point, shape: SimShape) -> dict:
@@ -343,13 +351,6 @@ def evaluate(point: Point, shape: SimShape) -> dict:
     return out
 
 
-def _evaluate_many(points: Point, shape: SimShape) -> dict:
-    return jax.vmap(lambda p: evaluate(p, shape))(points)
-
-
-evaluate_batched = jax.jit(_evaluate_many, static_argnames=("shape",))
-"""``jit(vmap(evaluate))``: ``points`` has a leading axis P on every leaf."""
-
 def _evaluate_items(items: ItemTable, base: Point, shape: SimShape) -> dict:
     return jax.vmap(lambda it: evaluate(dataclasses.replace(base, items=it), shape))(items)
 
@@ -361,11 +362,6 @@ per-configuration constants once instead of P times."""
 
 evaluate_one = jax.jit(evaluate, static_argnames=("shape",))
 """``jit(evaluate)`` for a single point."""
-
-
-def stack_points(points: list[Point]) -> Point:
-    """Stack single points into one batched pytree (leading axis P)."""
-    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *points)
 
 
 def partition_costs(partition, batch, model: ModelParams, hw: HardwareParams, layout: StageLayout, n_pad: int):

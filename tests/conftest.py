@@ -9,6 +9,27 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import ast  # noqa: E402
+import inspect  # noqa: E402
+
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def imports_of():
+    """``imports_of(module)``: the set of its imports, ``"module:name,name"`` for ``from`` imports
+    and the module name for plain ones (for checks that a module stays independent of others)."""
+
+    def collect(module) -> set:
+        imported = set()
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.ImportFrom):
+                imported.add((node.module or "") + ":" + ",".join(a.name for a in node.names))
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+        return imported
+
+    return collect

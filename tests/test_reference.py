@@ -328,19 +328,10 @@ def test_custom_placement_sets_the_stages():
     assert set(r.link_busy_s) == {(0, 1), (1, 5), (5, 4)}
 
 
-def test_reference_is_independent_of_the_array_kernels():
-    import ast
-    import inspect
-
+def test_reference_is_independent_of_the_array_kernels(imports_of):
     from mocap_jax.validation import reference
 
-    tree = ast.parse(inspect.getsource(reference))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "") + ":" + ",".join(a.name for a in node.names))
-        elif isinstance(node, ast.Import):
-            imported.update(a.name for a in node.names)
+    imported = imports_of(reference)
     text = " ".join(imported)
     for kernel in ("pipeline", "schedule", "memory", "api", "simulate", "jax"):
         assert kernel not in text.replace("simpy", ""), f"reference imports {kernel}: {sorted(imported)}"

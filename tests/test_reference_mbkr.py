@@ -244,19 +244,10 @@ def test_array_mbkr_dynamic_pairing_stays_within_the_approximation_targets():
     assert math.isfinite(res["wall_s"])
 
 
-def test_reference_mbkr_is_independent_of_the_array_kernels():
-    import ast
-    import inspect
-
+def test_reference_mbkr_is_independent_of_the_array_kernels(imports_of):
     from mocap_jax.validation import reference_mbkr
 
-    tree = ast.parse(inspect.getsource(reference_mbkr))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "") + ":" + ",".join(a.name for a in node.names))
-        elif isinstance(node, ast.Import):
-            imported.update(a.name for a in node.names)
+    imported = imports_of(reference_mbkr)
     text = " ".join(imported)
     # allowed: the host-side route helper mbkr.pair_routes, the §4 formulas (costs), specs, the base reference
     modules = {t.split(":")[0] or t.split(":")[1] for t in imported}       # "from .. import costs" -> costs

@@ -199,6 +199,18 @@ class AgreementReport:
                     mismatched=list(self.mismatched[:10]))
 
 
+def _check_dtype(dtype: str) -> None:
+    """Raise ``ValueError`` unless ``dtype`` is float32, or float64 with 64-bit JAX enabled."""
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dtype == "float64":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError("float64 agreement needs 64-bit JAX: set JAX_ENABLE_X64=1 "
+                             "or jax.config.update('jax_enable_x64', True) first")
+
+
 def run_reference_agreement(configs: int = 200, seed: int = 0, dtype: str = "float32",
                             config_list: list[AgreementConfig] | None = None) -> dict[str, Any]:
     """Run random configurations through both simulators and report the largest disagreements.
@@ -220,14 +232,7 @@ def run_reference_agreement(configs: int = 200, seed: int = 0, dtype: str = "flo
     """
     import mocap_jax
 
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
-    if dtype == "float64":
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            raise ValueError("float64 agreement needs 64-bit JAX: set JAX_ENABLE_X64=1 "
-                             "or jax.config.update('jax_enable_x64', True) first")
+    _check_dtype(dtype)
     cfgs = config_list if config_list is not None else sample_configs(configs, seed)
     report = AgreementReport(dtype=dtype)
     ref_wall = vec_wall = 0.0
@@ -510,14 +515,7 @@ def run_mbkr_agreement(configs: int = 1000, seed: int = 0, dtype: str = "float64
     """
     from .reference import reference_simulate
 
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
-    if dtype == "float64":
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            raise ValueError("float64 agreement needs 64-bit JAX: set JAX_ENABLE_X64=1 "
-                             "or jax.config.update('jax_enable_x64', True) first")
+    _check_dtype(dtype)
     t_start = time.perf_counter()
     cfgs = config_list if config_list is not None else sample_mbkr_configs(configs, seed, group_size, **sample_kw)
     groups: dict[int, list[MBKRAgreementConfig]] = {}

@@ -115,7 +115,8 @@ def _positive(kind):
     return conv
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _design_point(p: argparse.ArgumentParser):
+    """The model, hardware (with overrides) and workload arguments; returns their group."""
     g = p.add_argument_group("model, hardware and workload")
     g.add_argument("--model", default="llama2-7b", help="model preset or .json/.toml spec (default llama2-7b)")
     g.add_argument("--hardware", default="wsc-llm-64g",
@@ -127,6 +128,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--d2d-tbps", type=float, help="override D2D (NVLink on a cluster) bandwidth per link, TB/s")
     g.add_argument("--workload", default="azure-conv",
                    help=f"workload preset ({', '.join(WORKLOAD_PRESETS)}) or an Azure-format trace .csv")
+    return g
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = _design_point(p)
     g.add_argument("--rate", type=float, help="offered load, requests/s (default: the workload's)")
     s = p.add_argument_group("serving targets")
     s.add_argument("--strategies", default=",".join(perf.STRATEGIES),
@@ -858,16 +864,7 @@ def _register_part2(sub, bench_subparsers) -> None:
     tr.set_defaults(func=cmd_trace)
 
     sv_ = sub.add_parser("serve", help="simulate serving one design point (array program; optional reference check)")
-    g = sv_.add_argument_group("model, hardware and workload")
-    g.add_argument("--model", default="llama2-7b", help="model preset (default llama2-7b)")
-    g.add_argument("--hardware", default="wsc-llm-64g",
-                   help=f"{', '.join(WAFER_PRESETS)}, wsc-RxC or a100-cluster-NxG (default wsc-llm-64g)")
-    g.add_argument("--rows", type=int, help="override the die grid rows")
-    g.add_argument("--cols", type=int, help="override the die grid columns")
-    g.add_argument("--dram-gb", type=float, help="override DRAM capacity per die, GB")
-    g.add_argument("--dram-tbps", type=float, help="override DRAM bandwidth per die, TB/s")
-    g.add_argument("--d2d-tbps", type=float, help="override D2D bandwidth per link, TB/s")
-    g.add_argument("--workload", default="azure-conv", help="azure-code, azure-conv or an Azure-format trace .csv")
+    g = _design_point(sv_)
     g.add_argument("--rate", type=float, help="offered rate, req/s (default 0.8 x the partition capacity)")
     g.add_argument("--load", type=float, help="offered rate as a multiple of the partition capacity")
     s = sv_.add_argument_group("scheduler")
