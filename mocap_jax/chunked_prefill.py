@@ -43,7 +43,7 @@ from jax import lax
 from . import costs
 from .mbkr import partner_of
 from .pipeline import finish_times_items_first
-from .schedule import Point, SimShape, kv_peak, sum_of_first
+from .schedule import Point, SimShape, kv_peak
 
 
 MODES = ("off", "static", "unpaired")
@@ -91,6 +91,24 @@ def _cumsum(x):
             out.append(out[-1] + x[k])
         return jnp.stack(out)
     return jnp.tensordot(jnp.tril(jnp.ones((K, K), x.dtype)), x, axes=1)
+
+
+def _first_sum(prefix, count):
+    """Sum of the first ``count`` entries along axis 0 given inclusive prefix sums ``prefix[K, ...]``
+    (``count`` int in ``[0, K]``, 0 gives 0): a chain of selects over the K entries, which XLA fuses
+    into one vectorised loop (a gather along the item axis is several times slower on CPU)."""
+    out = jnp.zeros(count.shape, prefix.dtype)
+    for k in range(prefix.shape[0]):
+        out = jnp.where(count > k, prefix[k], out)
+    return out
+
+
+def _take(table, index):
+    """``table[index]`` along axis 0 (``index`` int in ``[0, K)``), as a chain of selects like :func:`_first_sum`."""
+    out = jnp.broadcast_to(table[0], index.shape)
+    for k in range(1, table.shape[0]):
+        out = jnp.where(index >= k, table[k], out)
+    return out
 
 
 def _partner_stages(x, partner: np.ndarray):
@@ -177,8 +195,8 @@ def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructur
     b_count = jnp.sum(tb[None, :] < ta[:, None], axis=1, dtype=jnp.int32)                 # [K(a), L, C]
     a_count = jnp.sum(ta[:, None] <= tb[None, :], axis=0, dtype=jnp.int32)                # [K(b), L, C]
     added_a, added_b = _cumsum(xa), _cumsum(xb)
-    b_before = sum_of_first(added_b, b_count)                                             # b's KV before a's i
-    a_upto = sum_of_first(added_a, a_count)                                               # a's KV before b's j
+    b_before = _first_sum(added_b, b_count)                                             # b's KV before a's i
+    a_upto = _first_sum(added_a, a_count)                                               # a's KV before b's j
     phase1 = tb < ra[None]                                                            # b's adds before a's release
 
     # a spills into b (b's room shrinks as b adds its own KV)
@@ -240,7 +258,7 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     # the earliest unfinished one.
     done = jnp.sum(fin_h[None, :] <= start[:, None], axis=1, dtype=jnp.int32)                # [K(k), N, C]
     slot = jnp.minimum(done, K - 1)
-    next_start = jnp.take_along_axis(sta_h, slot, axis=0)
+    next_start = _take(sta_h, slot)
     charge = jnp.where(next_start <= start, serve, jnp.clip(start + serve - next_start, 0.0, serve))
     charge = jnp.where(has_host, charge, 0.0)
     # the debtor whose host is stage h is partner[h] (static pairs are involutions)
@@ -250,7 +268,7 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     # with slot <= q minus those with slot <= q - 1, both prefixes
     q = jnp.arange(K)[None, :, None, None]
     upto = jnp.sum(slot_d[:, None] <= q, axis=0, dtype=jnp.int32)                          # [K(q), N, C]
-    charged = sum_of_first(_cumsum(charge_d), upto)
+    charged = _first_sum(_cumsum(charge_d), upto)
     return charged - jnp.concatenate([jnp.zeros_like(charged[:1]), charged[:-1]], axis=0)
 
 

@@ -200,55 +200,6 @@ def _relative(values, reference):
     return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
 
 
-def _propose(part, key, *, max_shift: int):
-    """One-boundary moves of every chain: ``(proposal, valid, key, acceptance key)``."""
-    chains, M = part.shape
-    rows = jnp.arange(chains)
-    key, kb, ks, kd, ku = jax.random.split(key, 5)
-    bnd = jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32)
-    mag = jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32)
-    delta = jnp.where(jax.random.bernoulli(kd, 0.5, (chains,)), mag, -mag)
-    left = part[rows, bnd] + delta
-    right = part[rows, bnd + 1] - delta
-    ok = (left >= 1) & (right >= 1) & (M > 1)
-    prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
-    prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
-    return prop, ok, key, ku
-
-
-def _accept(carry, prop, ok, ku, values, temp, reference):
-    """Metropolis acceptance of the proposals at temperature ``temp`` (relative to ``reference``).
-
-    ``carry = (part, val, best, best_val, accepted, key)``; ``values`` are the proposals' objectives.
-    """
-    part, val, best, best_val, acc, key = carry
-    pv = _relative(values, reference)
-    accept = ok & ((pv <= val) | (jax.random.uniform(ku, val.shape) < jnp.exp(-(pv - val) / temp)))
-    part = jnp.where(accept[:, None], prop, part)
-    val = jnp.where(accept, pv, val)
-    better = val < best_val
-    best = jnp.where(better[:, None], part, best)
-    best_val = jnp.where(better, val, best_val)
-    return part, val, best, best_val, acc + accept.sum().astype(jnp.int32), key
-
-
-def _accept_then_propose(carry, prop, ok, ku, values, temp, reference, *, max_shift: int):
-    """Accept or reject this step's proposals, then draw the next step's."""
-    carry = _accept(carry, prop, ok, ku, values, temp, reference)
-    nxt, nok, key, nku = _propose(carry[0], carry[5], max_shift=max_shift)
-    return carry[:5] + (key,), nxt, nok, nku
-
-
-def _anneal_init(values, init, key, reference):
-    v = _relative(values, reference)
-    return init, v, init, v, jnp.zeros((), jnp.int32), key
-
-
-_propose_jit = jax.jit(_propose, static_argnames=("max_shift",))
-_accept_then_propose_jit = jax.jit(_accept_then_propose, static_argnames=("max_shift",), donate_argnums=(0,))
-_anneal_init_jit = jax.jit(_anneal_init)
-
-
 def _call(objective, units, ctx):
     return objective(units, ctx)
 
@@ -260,43 +211,120 @@ objective_many_jit = jax.jit(_many, static_argnums=0)
 """``objective`` of ``units[P, M]`` (its batched form if it has one), compiled once per objective and shape."""
 
 
-def _objective_per_device(objective, units, ctx):
-    return objective.many(units, ctx)
+class _Chains(NamedTuple):
+    """State of the annealing chains between steps (``C`` chains, ``M`` chunks, units of g).
 
-
-def _sharded_objective(objective, ctx, chains: int):
-    """``units -> values`` for the step loop.
-
-    An objective with a batched form runs on every local CPU device at once when the chains
-    divide evenly (``shard_map``, no collectives): proposals are split across the devices and the
-    values gathered back to the first, so acceptance stays a single-device program (an SPMD
-    acceptance step with a cross-device sum deadlocked in XLA:CPU's rendezvous after ~1,000 queued
-    steps).  Otherwise one device evaluates everything.
+    Fields:
+      part: ``[C, M]`` current partitions.
+      value: ``[C]`` their objectives relative to the reference (``PENALTY`` if infeasible).
+      best, best_value: ``[C, M]`` / ``[C]`` best partition each chain has visited.
+      accepted: ``[C]`` int moves accepted by each chain.
+      key: PRNG key of the next proposal (same on every device).
+      proposal: ``[C, M]`` partitions to evaluate in the next step.
+      valid: ``[C]`` whether each proposal is a legal move.
+      accept_key: PRNG key of the next step's acceptance draws.
     """
-    devices = jax.local_devices()
+
+    part: jax.Array
+    value: jax.Array
+    best: jax.Array
+    best_value: jax.Array
+    accepted: jax.Array
+    key: jax.Array
+    proposal: jax.Array
+    valid: jax.Array
+    accept_key: jax.Array
+
+
+def _this_device(x, devices: int):
+    """This device's rows of a ``[C, ...]`` array that every device drew whole (inside ``shard_map``).
+
+    Every device draws the random numbers of *all* chains from the shared key and keeps its own
+    rows, so the chains see the same numbers however many devices they are split over.
+    """
+    if devices == 1:
+        return x
+    rows = x.shape[0] // devices
+    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("chains") * rows, rows)
+
+
+def _propose(part, key, chains: int, max_shift: int, devices: int):
+    """One-boundary moves of this device's chains ``part[c, M]``: ``(proposal, valid, key, acceptance key)``.
+
+    A move shifts boundary ``b`` (between chunks b and b+1) by 1..``max_shift`` units either way;
+    it is valid if both chunks keep at least one unit.
+    """
+    M = part.shape[1]
+    key, kb, ks, kd, ku = jax.random.split(key, 5)
+    bnd = _this_device(jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32), devices)
+    mag = _this_device(jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32), devices)
+    up = _this_device(jax.random.bernoulli(kd, 0.5, (chains,)), devices)
+    delta = jnp.where(up, mag, -mag)
+    rows = jnp.arange(part.shape[0])
+    left = part[rows, bnd] + delta
+    right = part[rows, bnd + 1] - delta
+    ok = (left >= 1) & (right >= 1) & (M > 1)
+    prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
+    prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
+    return prop, ok, key, ku
+
+
+def _step(objective, chains: int, max_shift: int, devices: int, state: _Chains, temp, reference, ctx):
+    """One annealing step of this device's chains: evaluate the pending proposals, accept or reject
+    them (Metropolis at temperature ``temp``, relative to ``reference``), draw the next proposals.
+
+    Returns ``(state, values)`` with ``values [c]`` the proposals' objectives in seconds.
+    """
+    values = _many(objective, state.proposal, ctx)
+    pv = _relative(values, reference)
+    u = _this_device(jax.random.uniform(state.accept_key, (chains,)), devices)
+    accept = state.valid & ((pv <= state.value) | (u < jnp.exp(-(pv - state.value) / temp)))
+    part = jnp.where(accept[:, None], state.proposal, state.part)
+    value = jnp.where(accept, pv, state.value)
+    better = value < state.best_value
+    best = jnp.where(better[:, None], part, state.best)
+    best_value = jnp.where(better, value, state.best_value)
+    prop, ok, key, ku = _propose(part, state.key, chains, max_shift, devices)
+    return _Chains(part, value, best, best_value, state.accepted + accept.astype(jnp.int32), key, prop, ok, ku), values
+
+
+@functools.lru_cache(maxsize=32)
+def _step_program(objective, chains: int, max_shift: int, devices: tuple):
+    """The compiled annealing step for ``chains`` chains split over ``devices`` (no collectives:
+    each device evaluates and updates its own chains; a first version whose acceptance summed
+    across devices deadlocked in XLA:CPU's rendezvous after ~1,000 queued steps)."""
     nd = len(devices)
-    if getattr(objective, "many", None) is None or nd < 2 or chains % nd or devices[0].platform != "cpu":
-        return lambda units: objective_many_jit(objective, units, ctx)
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+    fn = functools.partial(_step, objective, chains, max_shift, nd)
+    if nd == 1:
+        return jax.jit(fn, donate_argnums=(0,)), None
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     mesh = jax.make_mesh((nd,), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
-    split, whole = NamedSharding(mesh, PartitionSpec("chains")), NamedSharding(mesh, PartitionSpec())
-    fn = _sharded_jit(objective, mesh)
-    ctx_everywhere = jax.device_put(ctx, whole)
-    first = devices[0]
-    return lambda units: jax.device_put(fn(jax.device_put(units, split), ctx_everywhere), first)
+    rows = P("chains")
+    state_spec = _Chains(rows, rows, rows, rows, rows, P(), rows, rows, P())
+    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, P(), P(), P()), out_specs=(state_spec, rows),
+                            check_vma=False)
+    shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), state_spec,
+                                       is_leaf=lambda x: isinstance(x, P))
+    return jax.jit(sharded, donate_argnums=(0,)), (shardings, NamedSharding(mesh, P()))
 
 
-@functools.lru_cache(maxsize=16)
-def _sharded_jit(objective, mesh):
-    from jax.sharding import PartitionSpec
-    per_device = jax.shard_map(functools.partial(_objective_per_device, objective), mesh=mesh,
-                               in_specs=(PartitionSpec("chains"), PartitionSpec()),
-                               out_specs=PartitionSpec("chains"), check_vma=False)
-    return jax.jit(per_device)
+def _anneal_devices(chains: int, devices: int | None) -> tuple:
+    """Devices the chains are split over: every local CPU device when they divide the chains."""
+    local = jax.local_devices()
+    if devices is None:
+        devices = len(local) if local[0].platform == "cpu" and chains % len(local) == 0 else 1
+    if devices < 1 or devices > len(local) or chains % devices:
+        raise ValueError(f"cannot split {chains} chains over {devices} of the {len(local)} local devices; "
+                         "choose a device count that divides the chains")
+    return tuple(local[:devices])
+
+
+_start_values = jax.jit(_relative)
 
 
 def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
-           t_start: float = 0.02, t_end: float = 1e-4, reference: float | None = None) -> AnnealResult:
+           t_start: float = 0.02, t_end: float = 1e-4, reference: float | None = None,
+           devices: int | None = None) -> AnnealResult:
     """Simulated annealing over partitions in units of ``g``.
 
     Args:
@@ -310,6 +338,8 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
       max_shift: a move shifts one boundary by 1..max_shift units, either way.
       t_start, t_end: temperatures relative to ``reference`` (default: the objective of
         the first starting partition), cooled geometrically over ``steps``.
+      devices: local devices to split the chains over (default: every CPU device when they
+        divide the chains, else one); the result does not depend on it.
 
     Returns:
       :class:`AnnealResult` (objective in seconds, ``inf`` if no chain found a feasible partition).
@@ -319,27 +349,41 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     init = jnp.asarray(init_units, jnp.int32)
     if init.ndim == 1:
         init = jnp.broadcast_to(init, (chains, init.shape[0]))
-    ctx = jax.device_put(ctx)
-    evaluate = _sharded_objective(objective, ctx, init.shape[0])
-    init_values = evaluate(init)
+    chains = init.shape[0]
+    devices = _anneal_devices(chains, devices)
+    step, shardings = _step_program(objective, chains, max_shift, devices)
+    ctx = jax.device_put(ctx, None if shardings is None else shardings[1])
+    # the first step evaluates the starting partitions as "proposals" every chain accepts (current
+    # value +inf), then draws the first real proposals; values are made relative once the
+    # reference is known.  One compiled program serves the start and every step.
+    inf = np.full((chains,), np.inf, np.float32)
+    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    init, key_host = np.asarray(init), np.asarray(key)
+    state = _Chains(init, inf, init, inf, np.zeros((chains,), np.int32), key_host, init, np.ones((chains,), bool),
+                    key_host)
+    # every field its own buffer: the step donates its input state
+    state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
+    if shardings is not None:
+        state = jax.device_put(state, shardings[0])
+    one = jnp.asarray(1.0, jnp.float32)
+    state, init_values = step(state, one, one, ctx)
     if reference is None:
         reference = float(np.asarray(init_values[0]))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
     ref = jnp.asarray(reference, jnp.float32)
+    value = _start_values(init_values, ref)
+    state = state._replace(value=value, best_value=jnp.array(value, copy=True), accepted=jnp.zeros_like(state.accepted))
+    if shardings is not None:
+        state = jax.device_put(state, shardings[0])
     temps = (t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1))).astype(np.float32)
-    # the step loop runs in Python around three compiled programs (proposal, objective, acceptance):
-    # the objective is compiled once and shared with the initial evaluation, and objectives that
-    # scan internally ran several times slower nested inside an XLA while loop on CPU
-    carry = _anneal_init_jit(init_values, init, key, ref)
-    prop, ok, k, ku = _propose_jit(carry[0], carry[5], max_shift=max_shift)
-    carry = carry[:5] + (k,)
+    # the step loop runs in Python around one compiled program (objectives that scan internally ran
+    # several times slower nested inside an XLA while loop on CPU); dispatch is asynchronous
     for i in range(steps):   # geometric cooling from t_start to t_end
-        values = evaluate(prop)
-        carry, prop, ok, ku = _accept_then_propose_jit(carry, prop, ok, ku, values, temps[i], ref,
-                                                       max_shift=max_shift)
-    _, _, best, best_val, acc, _ = carry
-    best_val = np.asarray(best_val) * reference
+        state, _ = step(state, temps[i], ref, ctx)
+    best_val = np.asarray(state.best_value) * reference
     i = int(np.argmin(best_val))
     val = float(best_val[i]) if best_val[i] < PENALTY * reference else float("inf")
-    return AnnealResult(np.asarray(best[i]), val, best_val, float(acc) / (init.shape[0] * steps))
+    accepted = int(np.asarray(state.accepted).sum())
+    return AnnealResult(np.asarray(state.best[i]), val, best_val, accepted / (chains * steps))
