@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import costs
+from . import chunked_prefill, costs
 from .costs import HardwareParams, ModelParams, StageLayout
 
 
@@ -248,7 +248,7 @@ def _this_device(x, devices: int):
     return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("chains") * rows, rows)
 
 
-def _propose(part, key, chains: int, max_shift: int, devices: int):
+def _propose(part, key, chains: int, max_shift, devices: int):
     """One-boundary moves of this device's chains ``part[c, M]``: ``(proposal, valid, key, acceptance key)``.
 
     A move shifts boundary ``b`` (between chunks b and b+1) by 1..``max_shift`` units either way;
@@ -269,9 +269,10 @@ def _propose(part, key, chains: int, max_shift: int, devices: int):
     return prop, ok, key, ku
 
 
-def _step(objective, chains: int, max_shift: int, devices: int, state: _Chains, temp, reference, ctx):
+def _step(objective, chains: int, devices: int, state: _Chains, temp, reference, max_shift, ctx):
     """One annealing step of this device's chains: evaluate the pending proposals, accept or reject
-    them (Metropolis at temperature ``temp``, relative to ``reference``), draw the next proposals.
+    them (Metropolis at temperature ``temp``, relative to ``reference``), draw the next proposals
+    (shifts of 1..``max_shift`` units).
 
     Returns ``(state, values)`` with ``values [c]`` the proposals' objectives in seconds.
     """
@@ -289,23 +290,24 @@ def _step(objective, chains: int, max_shift: int, devices: int, state: _Chains, 
 
 
 @functools.lru_cache(maxsize=32)
-def _step_program(objective, chains: int, max_shift: int, devices: tuple):
+def _step_program(objective, chains: int, devices: tuple):
     """The compiled annealing step for ``chains`` chains split over ``devices`` (no collectives:
     each device evaluates and updates its own chains; a first version whose acceptance summed
     across devices deadlocked in XLA:CPU's rendezvous after ~1,000 queued steps)."""
     nd = len(devices)
-    fn = functools.partial(_step, objective, chains, max_shift, nd)
+    fn = functools.partial(_step, objective, chains, nd)
+    options = chunked_prefill.COMPILER_OPTIONS
     if nd == 1:
-        return jax.jit(fn, donate_argnums=(0,)), None
+        return jax.jit(fn, donate_argnums=(0,), compiler_options=options), None
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     mesh = jax.make_mesh((nd,), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
     rows = P("chains")
     state_spec = _Chains(rows, rows, rows, rows, rows, P(), rows, rows, P())
-    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, P(), P(), P()), out_specs=(state_spec, rows),
+    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, P(), P(), P(), P()), out_specs=(state_spec, rows),
                             check_vma=False)
     shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), state_spec,
                                        is_leaf=lambda x: isinstance(x, P))
-    return jax.jit(sharded, donate_argnums=(0,)), (shardings, NamedSharding(mesh, P()))
+    return jax.jit(sharded, donate_argnums=(0,), compiler_options=options), (shardings, NamedSharding(mesh, P()))
 
 
 def _anneal_devices(chains: int, devices: int | None) -> tuple:
@@ -320,6 +322,40 @@ def _anneal_devices(chains: int, devices: int | None) -> tuple:
 
 
 _start_values = jax.jit(_relative)
+
+
+def _program(objective, ctx, chains: int, devices: int | None):
+    """The compiled step for ``chains`` chains (shared by everything with the same objective, chain
+    count and devices), its state shardings (None on one device), and ``ctx`` placed for it."""
+    step, shardings = _step_program(objective, chains, _anneal_devices(chains, devices))
+    return step, shardings, jax.device_put(ctx, None if shardings is None else shardings[1])
+
+
+def _start(units, key, shardings):
+    """Chains about to evaluate ``units[C, M]``: every proposal valid and better than the current
+    value (+inf), so the step accepts them all."""
+    chains = units.shape[0]
+    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    inf = np.full((chains,), np.inf, np.float32)
+    units, key = np.asarray(units, np.int32), np.asarray(key)
+    state = _Chains(units, inf, units, inf, np.zeros((chains,), np.int32), key, units, np.ones((chains,), bool), key)
+    # every field its own buffer: the step donates its input state
+    state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
+    return state if shardings is None else jax.device_put(state, shardings[0])
+
+
+def evaluate_partitions(objective, ctx, units, devices: int | None = None) -> np.ndarray:
+    """``objective`` of ``units[C, M]`` partitions (units of g), ``[C]`` seconds, through the
+    compiled annealing step for C chains: an :func:`anneal` with as many chains afterwards (same
+    objective, any context values of the same shapes) compiles nothing more.
+    """
+    if hasattr(objective, "specialise"):
+        objective = objective.specialise(ctx)
+    units = np.asarray(units, np.int32)
+    step, shardings, ctx = _program(objective, ctx, units.shape[0], devices)
+    _, values = step(_start(units, jax.random.PRNGKey(0), shardings), np.float32(1), np.float32(1), np.int32(1), ctx)
+    return np.asarray(values)
 
 
 def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 2000, max_shift: int = 4,
@@ -350,29 +386,16 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     if init.ndim == 1:
         init = jnp.broadcast_to(init, (chains, init.shape[0]))
     chains = init.shape[0]
-    devices = _anneal_devices(chains, devices)
-    step, shardings = _step_program(objective, chains, max_shift, devices)
-    ctx = jax.device_put(ctx, None if shardings is None else shardings[1])
-    # the first step evaluates the starting partitions as "proposals" every chain accepts (current
-    # value +inf), then draws the first real proposals; values are made relative once the
-    # reference is known.  One compiled program serves the start and every step.
-    inf = np.full((chains,), np.inf, np.float32)
-    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
-    init, key_host = np.asarray(init), np.asarray(key)
-    state = _Chains(init, inf, init, inf, np.zeros((chains,), np.int32), key_host, init, np.ones((chains,), bool),
-                    key_host)
-    # every field its own buffer: the step donates its input state
-    state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
-    if shardings is not None:
-        state = jax.device_put(state, shardings[0])
-    one = jnp.asarray(1.0, jnp.float32)
-    state, init_values = step(state, one, one, ctx)
+    step, shardings, ctx = _program(objective, ctx, chains, devices)
+    shift = np.int32(max_shift)
+    # the first step evaluates the starting partitions as "proposals" every chain accepts, then
+    # draws the first real proposals; values are made relative once the reference is known
+    state, init_values = step(_start(init, key, shardings), np.float32(1), np.float32(1), shift, ctx)
     if reference is None:
         reference = float(np.asarray(init_values[0]))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
-    ref = jnp.asarray(reference, jnp.float32)
+    ref = np.float32(reference)
     value = _start_values(init_values, ref)
     state = state._replace(value=value, best_value=jnp.array(value, copy=True), accepted=jnp.zeros_like(state.accepted))
     if shardings is not None:
@@ -381,7 +404,7 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     # the step loop runs in Python around one compiled program (objectives that scan internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch is asynchronous
     for i in range(steps):   # geometric cooling from t_start to t_end
-        state, _ = step(state, temps[i], ref, ctx)
+        state, _ = step(state, temps[i], ref, shift, ctx)
     best_val = np.asarray(state.best_value) * reference
     i = int(np.argmin(best_val))
     val = float(best_val[i]) if best_val[i] < PENALTY * reference else float("inf")

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import api, chunked_prefill, compare, lbcp
+from . import api, compare, lbcp
 from .commands import positive_int
 from .evaluate import PrefillObjective
 from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
@@ -121,10 +121,15 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
                  steps=2000, batch=None, num_batches=1, seed=0) -> dict:
     """Wall time of annealing ``chains`` x ``steps`` with the full MBKR prefill evaluation, compile included.
 
-    The batch defaults to 95% of B', the largest batch (of 1..``chains`` requests, found with one
-    evaluation of ``chains`` candidates) that the uniform partition fits under the annealed objective
-    itself (one batch, MBKR with cross-half pairs): MBKR is active there, and neighbouring partitions
-    still fit, so the chains move (at B' itself every move from the uniform partition overflows).
+    The batch defaults to 95% of B', the largest batch (of 1..``chains`` requests) that the uniform
+    partition fits under the annealed objective itself (one batch, MBKR with cross-half pairs): MBKR
+    is active there, and neighbouring partitions still fit, so the chains move (at B' itself every
+    move from the uniform partition overflows).  B' is found by bisection (feasibility grows no
+    easier with the batch) through the annealer's own compiled step, so the search compiles nothing.
+
+    Returns:
+      dict with ``total_s`` (everything: placement search, compile, batch search, annealing),
+      ``steps_per_s`` (chain-steps per second of the step loop) and the parts of the total.
     """
     t0 = time.perf_counter()
     m, hw = api.get_model(model), api.get_hardware(hardware)
@@ -132,34 +137,41 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     U = lbcp.check_granularity(seq_len, chunks, granularity)
     cfg = api.MBKRConfig()
     pl = api.check_placement(hw, None, n, "mbkr")
+    placement_s = time.perf_counter() - t0
     uni_units = compare._uniform_units(U, chunks)
     shape = SimShape(k_pad=chunks, n_pad=bucket(n), num_batches=num_batches, mbkr="static")
     point = api._point(m, hw, api.chunked_item_table(uni_units * granularity, 1, chunks), pl, bucket(n), "streaming",
                        "stage", np.float32, cfg, "static")
-    if batch is None:
-        if not chunked_prefill.supports(shape):
-            batch = max(api.max_feasible_batch(m, hw, seq_len, "mbkr", partition=uni_units * granularity,
-                                               placement=pl, num_batches=num_batches), 1)
-        else:
-            candidates = np.arange(1, chains + 1)
-            out = chunked_prefill.prefill_many_jit(np.broadcast_to(uni_units * granularity, (chains, chunks)),
-                                                   candidates, point, shape,
-                                                   chunked_prefill.stage_structure(point, shape))
-            feasible = np.asarray(out["feasible"])
-            batch = max(int(BENCH_BATCH_FRACTION * candidates[feasible].max()), 1) if feasible.any() else 1
-    setup = time.perf_counter() - t0
-    ctx = compare._context(point, granularity, batch, np.zeros(1))
     obj = PrefillObjective(shape)
+    context = lambda b: compare._context(point, granularity, b, np.zeros(1))
+    uniform = np.broadcast_to(uni_units, (chains, chunks))
     t1 = time.perf_counter()
+    fits = lambda b: bool(np.isfinite(lbcp.evaluate_partitions(obj, context(b), uniform)[0]))
+    if batch is None:
+        lo, hi = 0, chains                       # lo fits (0: nothing yet), hi + 1 does not
+        if fits(chains):
+            lo = chains
+        else:
+            hi = chains - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        batch = max(int(BENCH_BATCH_FRACTION * lo), 1)
+    else:
+        fits(batch)                              # compiles the step, as the search would have
+    first_s = time.perf_counter() - t1
+    ctx = context(batch)
+    t2 = time.perf_counter()
     res = lbcp.anneal(obj, ctx, uni_units, jax.random.PRNGKey(seed), chains=chains, steps=steps)
+    anneal_s = time.perf_counter() - t2
     total = time.perf_counter() - t0
-    anneal_s = time.perf_counter() - t1
-    uniform = float(lbcp.objective_jit(obj, jnp.asarray(uni_units, jnp.int32), ctx))
+    uniform_value = float(lbcp.objective_jit(obj, jnp.asarray(uni_units, jnp.int32), ctx))
     return {"benchmark": "anneal", "model": m.name, "hardware": hw.name, "seq_len": seq_len, "chunks": chunks,
             "granularity": granularity, "chains": chains, "steps": steps, "batch": int(batch),
-            "num_batches": num_batches, "total_s": total, "setup_s": setup, "anneal_s": anneal_s,
+            "num_batches": num_batches, "total_s": total, "placement_s": placement_s,
+            "compile_and_batch_search_s": first_s, "anneal_s": anneal_s,
             "steps_per_s": chains * steps / anneal_s, "best_objective_s": res.objective,
-            "uniform_objective_s": uniform, "accept_rate": res.accept_rate,
+            "uniform_objective_s": uniform_value, "accept_rate": res.accept_rate,
             "device_kind": jax.devices()[0].device_kind, "devices": len(jax.devices())}
 
 
@@ -171,8 +183,9 @@ def cmd_bench_anneal(args) -> int:
     else:
         print(f"annealing {r['chains']} chains x {r['steps']} steps, {r['model']} on {r['hardware']}, "
               f"S = {r['seq_len']:,}, M = {r['chunks']}, B = {r['batch']}, full MBKR prefill evaluation")
-        print(f"  total {r['total_s']:.1f} s including compile (setup {r['setup_s']:.1f} s); "
-              f"{r['steps_per_s']:,.0f} chain-steps/s")
+        print(f"  total {r['total_s']:.1f} s: placement search {r['placement_s']:.1f} s, compile and batch search "
+              f"{r['compile_and_batch_search_s']:.1f} s, annealing {r['anneal_s']:.1f} s "
+              f"({r['steps_per_s']:,.0f} chain-steps/s)")
         print(f"  objective: uniform {r['uniform_objective_s']:.4f} s -> best {r['best_objective_s']:.4f} s")
     return 0
 

@@ -15,6 +15,7 @@ over permutations, many chains at once as one vectorised program.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -82,10 +83,12 @@ def evaluate_placement(hw: HardwareSpec, placement, pairing: str = "cross-half",
                            int(max(loads.values(), default=0)), method)
 
 
-def _cost_fn(C: jnp.ndarray, pairs: np.ndarray, n: int, handoff_weight: float, pair_weight: float):
+def _cost_fn(C: jnp.ndarray, pairs, n: int, handoff_weight, pair_weight):
+    """``perm -> cost`` for ``perm[D]`` (die of each slot; stages are the first ``n`` slots); ``pairs``
+    an ``[P, 2]`` array of paired stages (static or traced)."""
     a_idx, b_idx = jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1])
 
-    def cost(perm):  # perm: [D] die of each slot; stages are the first n slots
+    def cost(perm):
         pl = perm[:n]
         pipe = jnp.sum(C[pl[:-1], pl[1:]])
         pair = jnp.sum(C[pl[a_idx], pl[b_idx]]) if len(pairs) else 0.0
@@ -119,13 +122,24 @@ def anneal_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: s
     """
     D = hw.num_dies
     n = D if num_stages is None else num_stages
-    C = jnp.asarray(hop_cost_matrix(hw), jnp.float32)
-    cost = _cost_fn(C, _pairs(pairing, n), n, handoff_weight, pair_weight)
     snake = np.concatenate([mesh.snake_placement(hw, n), np.setdiff1d(np.arange(D), mesh.snake_placement(hw, n))])
-    key = jax.random.PRNGKey(seed)
+    best = _anneal_permutations(jnp.asarray(hop_cost_matrix(hw), jnp.float32), jnp.asarray(_pairs(pairing, n)),
+                                jnp.asarray(snake), jax.random.PRNGKey(seed), np.float32(handoff_weight),
+                                np.float32(pair_weight), np.float32(t_start), np.float32(t_end), n=n, chains=chains,
+                                steps=steps)
+    return evaluate_placement(hw, np.asarray(best)[:n], pairing, handoff_weight, pair_weight, method="annealing")
+
+
+@functools.partial(jax.jit, static_argnames=("n", "chains", "steps"))
+def _anneal_permutations(C, pairs, snake, key, handoff_weight, pair_weight, t_start, t_end, *, n: int, chains: int,
+                         steps: int):
+    """Best die permutation found by ``chains`` annealing chains (one program: meshes with the same
+    die count, stage count and pair count share it)."""
+    D = C.shape[0]
+    cost = _cost_fn(C, pairs, n, handoff_weight, pair_weight)
     k0, key = jax.random.split(key)
     starts = jax.vmap(lambda k: jax.random.permutation(k, D))(jax.random.split(k0, chains))
-    starts = starts.at[0].set(jnp.asarray(snake))
+    starts = starts.at[0].set(snake)
     decay = (t_end / t_start) ** (1.0 / max(steps - 1, 1))
 
     def chain(perm, k):
@@ -147,9 +161,8 @@ def anneal_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: s
         (_, _, best, best_c, _), _ = jax.lax.scan(step, (perm, c0, perm, c0, k), jnp.arange(steps))
         return best, best_c
 
-    best, best_c = jax.jit(jax.vmap(chain))(starts, jax.random.split(key, chains))
-    i = int(jnp.argmin(best_c))
-    return evaluate_placement(hw, np.asarray(best[i])[:n], pairing, handoff_weight, pair_weight, method="annealing")
+    best, best_c = jax.vmap(chain)(starts, jax.random.split(key, chains))
+    return best[jnp.argmin(best_c)]
 
 
 def search_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: str = "cross-half",

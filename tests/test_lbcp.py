@@ -151,3 +151,23 @@ def test_annealing_result_does_not_depend_on_the_device_count():
     np.testing.assert_array_equal(split.partition_units, single.partition_units)
     np.testing.assert_array_equal(split.chain_best, single.chain_best)
     assert split.accept_rate == single.accept_rate > 0
+
+
+def test_partition_evaluation_and_annealing_share_one_compiled_step():
+    """``evaluate_partitions`` gives the objective's values, and a later ``anneal`` with as many chains
+    (other batch, same shapes) reuses its compiled step: one compilation in all."""
+    m, h = get_model("llama3-70b"), get_hardware("mocap-2x4")
+    pl = api.check_placement(h, None, 8, "mbkr")
+    units = np.full(8, 4)
+    point = api._point(m, h, api.chunked_item_table(units * 1024, 40, 8), pl, 8, "streaming", "stage", np.float32,
+                       api.MBKRConfig(), "static")
+    obj = PrefillObjective(SimShape(k_pad=8, n_pad=8, num_batches=1, mbkr="static"))
+    ctx = compare._context(point, 1024, 40, np.zeros(1))
+    rows = np.random.default_rng(3).multinomial(24, np.full(8, 1 / 8), size=16) + 1      # [16, 8], each chunk >= 1
+    got = lbcp.evaluate_partitions(obj, ctx, rows)
+    want = np.asarray(lbcp.objective_many_jit(obj.specialise(ctx), jnp.asarray(rows, jnp.int32), ctx))
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-6)
+    lbcp.anneal(obj, compare._context(point, 1024, 30, np.zeros(1)), units, jax.random.PRNGKey(1), chains=16, steps=5)
+    step, _ = lbcp._step_program(obj.specialise(ctx), 16, lbcp._anneal_devices(16, None))
+    assert step._cache_size() == 1
