@@ -344,7 +344,7 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
 
         def one_pass(carry, _):
             """Spills decided on the timeline ``f``, their costs, and the timeline they give."""
-            f, extra, transfer = carry
+            f, extra, transfer, _, _ = carry
             kv_time = f - transfer
             moved, peak_kv, overflow = pair_spills_one_group(kv_time, release_of(kv_time), kv, budget, structure,
                                                              mb.p1, mb.p2)
@@ -356,14 +356,13 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
             has_host = (read_bytes > 0) & (partner >= 0)[None, :, None]
             block = _blocking(f, f - (t + extra), serve, has_host, partner)
             extra = write + read_extra + block
-            return (finish_times_items_first(t + extra, d), extra, write), (peak_kv, overflow)
+            return (finish_times_items_first(t + extra, d), extra, write, peak_kv, overflow), None
 
         # the passes run as a loop: its inputs (stage times, KV, budgets) are computed once outside it,
         # where straight-line code let XLA fuse (and so recompute) their formulas into every consumer
         zeros = jnp.zeros_like(f)
-        (f, extra, _), (peaks, overflows) = lax.scan(one_pass, (f, zeros, zeros), None,
-                                                     length=shape.mbkr_iterations)
-        peak_kv, overflow = peaks[-1], overflows[-1]
+        start = (f, zeros, zeros, jnp.zeros((N, C), f.dtype), jnp.zeros((C,), bool))
+        (f, extra, _, peak_kv, overflow), _ = lax.scan(one_pass, start, None, length=shape.mbkr_iterations)
         t_eff = t + extra
         latency = f[K - 1, N - 1]
     peak_mem = weights + workspace + peak_kv                                          # [N, C]
