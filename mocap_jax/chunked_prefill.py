@@ -150,7 +150,7 @@ def _capped_moves(amount, cap):
     return after - before, after[-1]
 
 
-def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructure, p1, p2):
+def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructure, p1, p2, tokens, kv_scale):
     """Spill decisions of static pairs for one request group, in closed form.
 
     Same semantics as :func:`mocap_jax.mbkr.pair_spills` with one group (docs/semantics.md):
@@ -164,6 +164,8 @@ def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructur
       budget: ``[N, C]`` KV budget per stage (bytes).
       structure: static stages and partners (partners are an involution on paired stages).
       p1, p2: role thresholds.
+      tokens: ``[K, C]`` int chunk tokens of each item; kv_scale: ``[N, C]`` bytes per chunk token
+        (``kv == tokens * kv_scale``).
 
     Returns:
       ``(moved [K, N, C], peak [N, C], overflow [C])``.
@@ -194,13 +196,15 @@ def pair_spills_one_group(kv_time, release, kv, budget, structure: StageStructur
     low_a, low_b = p1 * cap_a, p1 * cap_b
 
     # interleaving: b's addition j precedes a's addition i iff tb[j] < ta[i] (ties: lower stage, a, first).
-    # Both stages add in item order, so the additions of one stage before an event of the other are a
-    # prefix: count them (integer comparisons) and read the prefix sum.
-    b_count = jnp.sum(tb[None, :] < ta[:, None], axis=1, dtype=jnp.int32)                 # [K(a), L, C]
-    a_count = jnp.sum(ta[:, None] <= tb[None, :], axis=0, dtype=jnp.int32)                # [K(b), L, C]
+    # The KV one stage added before an event of the other is a masked sum over its items, taken over
+    # integer chunk tokens (exact, and one fused reduction: XLA:CPU hands float reductions to a
+    # library that materialises the [K, K] operand) and scaled to bytes.
     added_a, added_b = _cumsum(xa), _cumsum(xb)
-    b_before = _first_sum(added_b, b_count)                                             # b's KV before a's i
-    a_upto = _first_sum(added_a, a_count)                                               # a's KV before b's j
+    tok = tokens[:, None, :]
+    tok_a = jnp.where(ra > ta, tok, 0)                                                # [K, L, C] int
+    tok_b = jnp.where(okc & (rb > tb), tok, 0)
+    b_before = jnp.sum(jnp.where(tb[None, :] < ta[:, None], tok_b[None, :], 0), axis=1) * other(kv_scale)
+    a_upto = jnp.sum(jnp.where(ta[:, None] <= tb[None, :], tok_a[:, None], 0), axis=0) * kv_scale[:L]
     phase1 = tb < ra[None]                                                            # b's adds before a's release
 
     # a spills into b (b's room shrinks as b adds its own KV)
@@ -315,6 +319,7 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
     kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, N)                          # [N]
     tokens = b * c                                                                    # [K, C] request-tokens
     kv = tokens[:, None, :] * kv_tok[None, :, None]                                   # [K, N, C]
+    kv_scale = b[0][None, :] * kv_tok[:, None]                                        # [N, C] bytes per chunk token
     workspace = jnp.max(costs.item_workspace_bytes(model, hw, kv_tok, c, b, stage_axis=-2), axis=0)   # [N, C]
     workspace = jnp.where(stage_live, workspace, 0.0)
     weights = costs.stage_weight_bytes(model, hw, n, N)[:, None]
@@ -347,7 +352,7 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
             f, extra, transfer, _, _ = carry
             kv_time = f - transfer
             moved, peak_kv, overflow = pair_spills_one_group(kv_time, release_of(kv_time), kv, budget, structure,
-                                                             mb.p1, mb.p2)
+                                                             mb.p1, mb.p2, partition.T, kv_scale)
             read_bytes = _cumsum(moved) - moved                                      # group's KV spilled earlier
             read = jnp.where(read_bytes > 0, hops * hw.link_latency_s + read_bytes / (bandwidth * hw.eff_link), 0.0)
             read_extra = jnp.maximum(read - mb.read_overlap * attention, 0.0)
