@@ -348,9 +348,9 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
         bandwidth = jnp.asarray(mb.stage_bandwidth)[stage, route][None, :, None]
 
         def one_pass(carry, _):
-            """Spills decided on the timeline ``f``, their costs, and the timeline they give."""
-            f, extra, transfer, _, _ = carry
-            kv_time = f - transfer
+            """Spills decided on the timeline ``f`` (item starts ``start``, KV added at ``kv_time``),
+            their costs, and the timeline they give."""
+            f, start, kv_time, _, _, _ = carry
             moved, peak_kv, overflow = pair_spills_one_group(kv_time, release_of(kv_time), kv, budget, structure,
                                                              mb.p1, mb.p2, partition.T, kv_scale)
             read_bytes = _cumsum(moved) - moved                                      # group's KV spilled earlier
@@ -359,15 +359,16 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
             write = jnp.where(moved > 0, hops * hw.link_latency_s + moved / (bandwidth * hw.eff_link), 0.0)
             serve = read_bytes / (hw.hbm_bandwidth * hw.eff_hbm)
             has_host = (read_bytes > 0) & (partner >= 0)[None, :, None]
-            block = _blocking(f, f - (t + extra), serve, has_host, partner)
-            extra = write + read_extra + block
-            return (finish_times_items_first(t + extra, d), extra, write, peak_kv, overflow), None
+            extra = write + read_extra + _blocking(f, start, serve, has_host, partner)
+            f = finish_times_items_first(t + extra, d)
+            # start and KV times of the next pass are carried (materialised) rather than recomputed
+            # inside every [K, K] comparison that reads them
+            return (f, f - (t + extra), f - write, peak_kv, overflow, extra), None
 
         # the passes run as a loop: its inputs (stage times, KV, budgets) are computed once outside it,
         # where straight-line code let XLA fuse (and so recompute) their formulas into every consumer
-        zeros = jnp.zeros_like(f)
-        start = (f, zeros, zeros, jnp.zeros((N, C), f.dtype), jnp.zeros((C,), bool))
-        (f, extra, _, peak_kv, overflow), _ = lax.scan(one_pass, start, None, length=shape.mbkr_iterations)
+        init = (f, f - t, f, jnp.zeros((N, C), f.dtype), jnp.zeros((C,), bool), jnp.zeros_like(f))
+        (f, _, _, peak_kv, overflow, extra), _ = lax.scan(one_pass, init, None, length=shape.mbkr_iterations)
         t_eff = t + extra
         latency = f[K - 1, N - 1]
     peak_mem = weights + workspace + peak_kv                                          # [N, C]
