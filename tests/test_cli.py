@@ -74,3 +74,16 @@ def test_module_entry_point_bad_input_has_no_traceback(tmp_path):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert "not valid TOML" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bench_anneal_small_json(capsys):
+    """The annealing benchmark's command at a toy size: its JSON fields, a batch the uniform partition
+    fits (found by the bisection), and an annealed objective no worse than the uniform one."""
+    code, out, _ = run(["bench", "anneal", "--model", "llama3.1-8b", "--hardware", "mocap-2x4", "--seq-len", "8192",
+                        "--chunks", "4", "--granularity", "512", "--chains", "16", "--steps", "4", "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    for key in ("total_s", "steps_per_s", "compile_s", "placement_s", "batch_search_s", "anneal_s", "batch"):
+        assert key in d
+    assert d["batch"] >= 1 and d["steps_per_s"] > 0
+    assert d["best_objective_s"] <= d["uniform_objective_s"] < float("inf")
