@@ -18,9 +18,13 @@ event-driven reference); the program is arranged for speed:
   release, the downstream stage may spill into the released stage, again a capped
   prefix sum.  Event order enters only through comparisons of the two stages' event
   times (``[K, K]`` per pair);
-* sums over "the other stage's events before this one" and the creditor-blocking charges are
-  integer counts of earlier events plus prefix sums (events of a stage are in item order),
-  not scatters or masked sums;
+* "the KV the other stage added before this event" is a masked sum of integer chunk tokens
+  (one fused reduction, exact), scaled to bytes; the creditor-blocking charges are integer
+  counts of earlier events plus prefix sums (events of a stage are in item order) read with
+  chains of selects.  On XLA:CPU, gathers, float reductions (handed to a library that
+  materialises the ``[K, K]`` operand) and unrolled masked sums were each measured slower;
+* the pass loop carries the next pass's item starts and KV times, so the ``[K, K]``
+  comparisons read stored arrays instead of recomputing them ``K`` times;
 * the pairing is **static** (:class:`StageStructure`, read from the configuration on
   the host by :func:`stage_structure`), so moving values between partners is slicing,
   not gathering;
