@@ -185,9 +185,9 @@ class AnnealResult(NamedTuple):
     accept_rate: float
 
 
-#: steps queued ahead of the running one: with thousands queued the loop ran 20-80% slower on a
-#: 2-core CPU (the dispatching thread competes with the computation); waiting every few steps keeps
-#: the dispatch cost hidden and the step time steady
+#: steps queued ahead of the running one: with all of them queued at once the loop ran 20-80% slower
+#: (and unsteadily) on a 2-core CPU; waiting every few steps still hides the dispatch and keeps the
+#: step time steady (1 to 16 measured alike)
 DISPATCH_AHEAD = 8
 PENALTY = 1e6   # relative objective of an infeasible partition
 
