@@ -87,7 +87,9 @@ class PrefillObjective:
         """The objective of ``units[C, M]`` partitions, ``[C]`` seconds."""
         if self.stages is None or not chunked_prefill.supports(self.shape):
             return jax.vmap(self, in_axes=(0, None))(units, ctx)
-        block = chunked_prefill.BLOCK if units.shape[0] % chunked_prefill.BLOCK == 0 else units.shape[0]
+        # blocks keep a CPU's working set in cache; an accelerator takes every partition at once
+        blocked = jax.default_backend() == "cpu" and units.shape[0] % chunked_prefill.BLOCK == 0
+        block = chunked_prefill.BLOCK if blocked else units.shape[0]
         out = chunked_prefill.prefill_blocks(units * ctx.granularity, ctx.batch, ctx.point, self.shape,
                                              self.stages, block)
         if self.kind == "throughput":
