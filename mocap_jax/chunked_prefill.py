@@ -19,10 +19,11 @@ event-driven reference); the program is arranged for speed:
   prefix sum.  Event order enters only through comparisons of the two stages' event
   times (``[K, K]`` per pair);
 * "the KV the other stage added before this event" is a masked sum of integer chunk tokens
-  (one fused reduction, exact), scaled to bytes; the creditor-blocking charges are integer
-  counts of earlier events plus prefix sums (events of a stage are in item order) read with
-  chains of selects.  On XLA:CPU, gathers, float reductions (handed to a library that
-  materialises the ``[K, K]`` operand) and unrolled masked sums were each measured slower;
+  (one fused reduction, exact), scaled to bytes; the creditor-blocking charges use integer
+  counts of earlier events (events of a stage are in item order) and running maxima of
+  nonnegative prefix sums taken on their bit patterns as integers.  On XLA:CPU, gathers, float
+  reductions over ``[K, K]`` (handed to a library that materialises the operand) and unrolled
+  masked sums were each measured slower;
 * the pass loop carries the next pass's item starts and KV times, so the ``[K, K]``
   comparisons read stored arrays instead of recomputing them ``K`` times;
 * the pairing is **static** (:class:`StageStructure`, read from the configuration on
@@ -101,18 +102,9 @@ def _cumsum(x):
     return jnp.tensordot(jnp.tril(jnp.ones((K, K), x.dtype)), x, axes=1)
 
 
-def _first_sum(prefix, count):
-    """Sum of the first ``count`` entries along axis 0 given inclusive prefix sums ``prefix[K, ...]``
-    (``count`` int in ``[0, K]``, 0 gives 0): a chain of selects over the K entries, which XLA fuses
-    into one vectorised loop (a gather along the item axis is several times slower on CPU)."""
-    out = jnp.zeros(count.shape, prefix.dtype)
-    for k in range(prefix.shape[0]):
-        out = jnp.where(count > k, prefix[k], out)
-    return out
-
-
 def _take(table, index):
-    """``table[index]`` along axis 0 (``index`` int in ``[0, K)``), as a chain of selects like :func:`_first_sum`."""
+    """``table[index]`` along axis 0 (``index`` int in ``[0, K)``): a chain of selects over the K entries,
+    which XLA fuses into one vectorised loop (a gather along the item axis is several times slower on CPU)."""
     out = jnp.broadcast_to(table[0], index.shape)
     for k in range(1, table.shape[0]):
         out = jnp.where(index >= k, table[k], out)
@@ -145,10 +137,9 @@ def _capped_moves(amount, cap):
     """
     inclusive = _cumsum(amount)
     exclusive = inclusive - amount
-    bind = inclusive > cap
-    first = bind & (_cumsum(bind.astype(amount.dtype)) == 1)
-    at_bind = jnp.maximum(exclusive, jnp.minimum(inclusive, cap))
-    limit = jnp.where(jnp.any(bind, axis=0), jnp.sum(jnp.where(first, at_bind, 0.0), axis=0), jnp.inf)
+    # the total is clipped at the first addition that would exceed its cap, to max(exclusive, cap)
+    # there; later additions that exceed theirs give no smaller value (inclusive sums grow, caps shrink)
+    limit = jnp.min(jnp.where(inclusive > cap, jnp.maximum(exclusive, cap), jnp.inf), axis=0)
     after = jnp.minimum(inclusive, limit)
     before = jnp.minimum(exclusive, limit)
     return after - before, after[-1]
@@ -276,11 +267,15 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     # the debtor whose host is stage h is partner[h] (static pairs are involutions)
     slot_d = _partner_stages(slot, partner)
     charge_d = _partner_stages(charge, partner)
-    # debtor items are in order and so are their slots: the items charged to creditor item q are those
-    # with slot <= q minus those with slot <= q - 1, both prefixes
+    # debtor items are in order and so are their slots: the charges of creditor items up to q are the
+    # prefix sum of the debtor's charges up to its last item with slot <= q.  Prefix sums of nonnegative
+    # charges grow, so that is a running maximum, taken over the bit patterns of the (nonnegative)
+    # floats, which order like the floats as integers: one fused integer reduction
+    total = _cumsum(charge_d) + 0.0                                                   # [K(k), N, C], no -0.0
+    bits = lax.bitcast_convert_type(total, jnp.int32 if total.dtype == jnp.float32 else jnp.int64)
     q = jnp.arange(K)[None, :, None, None]
-    upto = jnp.sum(slot_d[:, None] <= q, axis=0, dtype=jnp.int32)                          # [K(q), N, C]
-    charged = _first_sum(_cumsum(charge_d), upto)
+    upto = jnp.max(jnp.where(slot_d[:, None] <= q, bits[:, None], 0), axis=0)            # [K(q), N, C]
+    charged = lax.bitcast_convert_type(upto, total.dtype)
     return charged - jnp.concatenate([jnp.zeros_like(charged[:1]), charged[:-1]], axis=0)
 
 
