@@ -386,9 +386,9 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     """
     if hasattr(objective, "specialise"):
         objective = objective.specialise(ctx)           # static structure read from the host-side context
-    init = jnp.asarray(init_units, jnp.int32)
+    init = np.asarray(init_units, np.int32)
     if init.ndim == 1:
-        init = jnp.broadcast_to(init, (chains, init.shape[0]))
+        init = np.broadcast_to(init, (chains, init.shape[0]))
     chains = init.shape[0]
     step, shardings, ctx = _program(objective, ctx, chains, devices)
     shift = np.int32(max_shift)

@@ -8,7 +8,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import api, compare, lbcp, mesh
@@ -125,8 +124,9 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     The batch defaults to 95% of B', the largest batch (of 1..``chains`` requests) that the uniform
     partition fits under the annealed objective itself (one batch, MBKR with cross-half pairs): MBKR
     is active there, and neighbouring partitions still fit, so the chains move (at B' itself every
-    move from the uniform partition overflows).  B' is found by bisection (feasibility grows no
-    easier with the batch) through the annealer's own compiled step, so the search compiles nothing.
+    move from the uniform partition overflows).  B' is found by the project's bracket search
+    (``api._largest_true``; feasibility is monotone in the batch) through the annealer's own
+    compiled step, so the search compiles nothing.
 
     Returns:
       dict with ``total_s`` (everything: placement search, compile, batch search, annealing),
@@ -158,30 +158,28 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     point = point_on(pl)
     context = lambda b: compare._context(point, granularity, b, np.zeros(1))
     t1 = time.perf_counter()
-    fits = lambda b: bool(np.isfinite(lbcp.evaluate_partitions(obj, context(b), uniform)[0]))
+    values = {}                                  # batch -> objective of the uniform partition
+
+    def value(b):
+        if b not in values:
+            values[b] = float(lbcp.evaluate_partitions(obj, context(b), uniform)[0])
+        return values[b]
+
     if batch is None:
-        lo, hi = 0, chains                       # lo fits (0: nothing yet), hi + 1 does not
-        if fits(chains):
-            lo = chains
-        else:
-            hi = chains - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-        batch = max(int(BENCH_BATCH_FRACTION * lo), 1)
+        fits = lambda batches: [np.isfinite(value(int(b))) for b in batches]
+        batch = max(int(BENCH_BATCH_FRACTION * max(api._largest_true(fits, 1, chains, grid=4), 0)), 1)
     search_s = time.perf_counter() - t1
     ctx = context(batch)
     t2 = time.perf_counter()
     res = lbcp.anneal(obj, ctx, uni_units, jax.random.PRNGKey(seed), chains=chains, steps=steps)
     anneal_s = time.perf_counter() - t2
     total = time.perf_counter() - t0
-    uniform_value = float(lbcp.objective_jit(obj, jnp.asarray(uni_units, jnp.int32), ctx))
     return {"benchmark": "anneal", "model": m.name, "hardware": hw.name, "seq_len": seq_len, "chunks": chunks,
             "granularity": granularity, "chains": chains, "steps": steps, "batch": int(batch),
             "num_batches": num_batches, "total_s": total, "placement_s": placement_s,
             "compile_s": t1 - t0, "batch_search_s": search_s, "anneal_s": anneal_s,
             "steps_per_s": chains * steps / anneal_s, "best_objective_s": res.objective,
-            "uniform_objective_s": uniform_value, "accept_rate": res.accept_rate,
+            "uniform_objective_s": value(int(batch)), "accept_rate": res.accept_rate,
             "device_kind": jax.devices()[0].device_kind, "devices": len(jax.devices())}
 
 

@@ -178,4 +178,3 @@ def finish_times_items_first(t, handoff):
     zeros = jnp.zeros((K,) + batch, t.dtype)
     _, diag = _wavefront(t, handoff, zeros, jnp.zeros((N,) + batch, t.dtype), keep_all=True)
     return _unskew(diag, K)
-

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..commands import positive_int as _positive
 from .agreement import (MBKR_TARGET_MAX, MBKR_TARGET_MEAN, METRICS, random_partition, run_mbkr_agreement,
                         run_reference_agreement, tolerance)
 
@@ -32,9 +33,6 @@ _LABELS = {
     "throughput_rps": "saturation throughput",
     "bubble_fraction": "bubble fraction",
 }
-
-
-from ..commands import positive_int as _positive  # noqa: E402  (one definition of the argparse type)
 
 
 def _non_negative(text: str) -> int:
@@ -295,7 +293,8 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
     err = np.where(both_inf, 0.0, np.abs(lat_vec - lat_ref) / np.abs(lat_ref))
     err = np.where(np.isnan(err), np.inf, err)
     return dict(configs=configs, model=model, hardware=hardware, chunks=chunks, dtype=dtype,
-                reference_wall_s=ref_wall, vectorised_wall_s=vec_wall, vectorised_best_s=float(min(walls)), compile_s=max(warm - vec_wall, 0.0),
+                reference_wall_s=ref_wall, vectorised_wall_s=vec_wall, vectorised_best_s=float(min(walls)),
+                compile_s=max(warm - vec_wall, 0.0),
                 warmup_call_s=warm, speedup=ref_wall / vec_wall,
                 reference_per_config_us=1e6 * ref_wall / configs, vectorised_per_config_us=1e6 * vec_wall / configs,
                 max_rel_err_latency=float(err.max()), feasible_configs=int(np.isfinite(lat_ref).sum()))
