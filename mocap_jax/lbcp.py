@@ -223,10 +223,10 @@ class _Chains(NamedTuple):
       value: ``[C]`` their objectives relative to the reference (``PENALTY`` if infeasible).
       best, best_value: ``[C, M]`` / ``[C]`` best partition each chain has visited.
       accepted: ``[C]`` int moves accepted by each chain.
-      key: PRNG key of the next proposal (same on every device).
       proposal: ``[C, M]`` partitions to evaluate in the next step.
       valid: ``[C]`` whether each proposal is a legal move.
-      accept_key: PRNG key of the next step's acceptance draws.
+      row: int scalar, the number of the next step (0: the starting step); it picks the step's
+        random bits and temperature out of their slab.
     """
 
     part: jax.Array
@@ -234,84 +234,115 @@ class _Chains(NamedTuple):
     best: jax.Array
     best_value: jax.Array
     accepted: jax.Array
-    key: jax.Array
     proposal: jax.Array
     valid: jax.Array
-    accept_key: jax.Array
+    row: jax.Array
 
 
-def _this_device(x, devices: int):
-    """This device's rows of a ``[C, ...]`` array that every device drew whole (inside ``shard_map``).
+#: annealing steps whose random numbers are drawn together (one ``[DRAW_SLAB, 4, C]`` array per slab)
+DRAW_SLAB = 64
 
-    Every device draws the random numbers of *all* chains from the shared key and keeps its own
-    rows, so the chains see the same numbers however many devices they are split over.
+
+class _Draws:
+    """Random bits and temperatures of the annealing steps, handed to the step one slab of
+    ``DRAW_SLAB`` steps at a time (so no step transfers anything): bits ``[DRAW_SLAB, 4, C]`` uint32
+    (rows: boundary, shift, direction, acceptance), drawn on the host from the key (NumPy's PCG64),
+    and temperatures ``[DRAW_SLAB]``; step r (r = 0: the starting step) reads row ``r % DRAW_SLAB``
+    of slab ``r // DRAW_SLAB``.
+
+    Each chain's numbers are its own column, so the chains see the same numbers however many
+    devices they are split over; drawing them outside the step keeps the step program small
+    (threefry unrolled inside it was about a fifth of its compile time, and 5% of its run time).
     """
-    if devices == 1:
-        return x
-    rows = x.shape[0] // devices
-    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("chains") * rows, rows)
+
+    def __init__(self, key, chains: int, temps, shardings=None):
+        if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        self._rng = np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
+        self._chains = chains
+        slabs = -(-len(temps) // DRAW_SLAB)
+        self._temps = np.pad(np.asarray(temps, np.float32), (0, slabs * DRAW_SLAB - len(temps)), constant_values=1)
+        self._shardings = (None, None) if shardings is None else (shardings[2], shardings[1])
+        self._next = 0
+
+    def slab(self):
+        """The next slab ``(bits, temperatures)``, placed for the step."""
+        bits = self._rng.integers(0, 2 ** 32, (DRAW_SLAB, 4, self._chains), dtype=np.uint32)
+        temps = self._temps[self._next * DRAW_SLAB: (self._next + 1) * DRAW_SLAB]
+        self._next += 1
+        return jax.device_put(bits, self._shardings[0]), jax.device_put(temps, self._shardings[1])
 
 
-def _propose(part, key, chains: int, max_shift, devices: int):
-    """One-boundary moves of this device's chains ``part[c, M]``: ``(proposal, valid, key, acceptance key)``.
+def _uniform(bits):
+    """Floats in [0, 1) from uint32 bits (their top 24 bits: exact in float32)."""
+    return (bits >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
 
-    A move shifts boundary ``b`` (between chunks b and b+1) by 1..``max_shift`` units either way;
-    it is valid if both chunks keep at least one unit.
+
+def _propose(part, bits, max_shift):
+    """One-boundary moves of chains ``part[c, M]`` from their random ``bits[3, c]``: ``(proposal, valid)``.
+
+    A move shifts boundary ``b`` (between chunks b and b+1; uniform) by 1..``max_shift`` units
+    (uniform) either way; it is valid if both chunks keep at least one unit.  Integers are bits
+    modulo the range (bias below 1e-8 for these ranges).
     """
     M = part.shape[1]
-    key, kb, ks, kd, ku = jax.random.split(key, 5)
-    bnd = _this_device(jax.random.randint(kb, (chains,), 0, max(M - 1, 1), dtype=jnp.int32), devices)
-    mag = _this_device(jax.random.randint(ks, (chains,), 1, max_shift + 1, dtype=jnp.int32), devices)
-    up = _this_device(jax.random.bernoulli(kd, 0.5, (chains,)), devices)
-    delta = jnp.where(up, mag, -mag)
+    bnd = (bits[0] % max(M - 1, 1)).astype(jnp.int32)
+    mag = (bits[1] % jnp.asarray(max_shift, jnp.uint32)).astype(jnp.int32) + 1
+    delta = jnp.where(bits[2] >> 31 == 1, mag, -mag)
     rows = jnp.arange(part.shape[0])
     left = part[rows, bnd] + delta
     right = part[rows, bnd + 1] - delta
     ok = (left >= 1) & (right >= 1) & (M > 1)
     prop = part.at[rows, bnd].set(jnp.where(ok, left, part[rows, bnd]))
     prop = prop.at[rows, bnd + 1].set(jnp.where(ok, right, part[rows, bnd + 1]))
-    return prop, ok, key, ku
+    return prop, ok
 
 
-def _step(objective, chains: int, devices: int, state: _Chains, temp, reference, max_shift, ctx):
-    """One annealing step of this device's chains: evaluate the pending proposals, accept or reject
-    them (Metropolis at temperature ``temp``, relative to ``reference``), draw the next proposals
-    (shifts of 1..``max_shift`` units).
+def _step(objective, state: _Chains, draws, temps, reference, max_shift, ctx):
+    """One annealing step of (this device's) chains: evaluate the pending proposals, accept or reject
+    them (Metropolis at temperature ``temps[i]``, relative to ``reference``), draw the next proposals
+    (shifts of 1..``max_shift`` units) from the random bits ``draws[i]`` (``draws [S, 4, c]``, ``temps [S]``,
+    ``i = state.row % S``).
 
     Returns ``(state, values)`` with ``values [c]`` the proposals' objectives in seconds.
     """
+    i = state.row % draws.shape[0]
+    bits = jax.lax.dynamic_index_in_dim(draws, i, 0, keepdims=False)                 # [4, c]
+    temp = temps[i]
     values = _many(objective, state.proposal, ctx)
     pv = _relative(values, reference)
-    u = _this_device(jax.random.uniform(state.accept_key, (chains,)), devices)
-    accept = state.valid & ((pv <= state.value) | (u < jnp.exp(-(pv - state.value) / temp)))
+    accept = state.valid & ((pv <= state.value) | (_uniform(bits[3]) < jnp.exp(-(pv - state.value) / temp)))
     part = jnp.where(accept[:, None], state.proposal, state.part)
     value = jnp.where(accept, pv, state.value)
     better = value < state.best_value
     best = jnp.where(better[:, None], part, state.best)
     best_value = jnp.where(better, value, state.best_value)
-    prop, ok, key, ku = _propose(part, state.key, chains, max_shift, devices)
-    return _Chains(part, value, best, best_value, state.accepted + accept.astype(jnp.int32), key, prop, ok, ku), values
+    prop, ok = _propose(part, bits, max_shift)
+    return _Chains(part, value, best, best_value, state.accepted + accept.astype(jnp.int32), prop, ok,
+                   state.row + 1), values
 
 
 @functools.lru_cache(maxsize=32)
 def _step_program(objective, chains: int, devices: tuple):
-    """The compiled annealing step for ``chains`` chains split over ``devices`` (no collectives:
-    each device evaluates and updates its own chains; a first version whose acceptance summed
-    across devices deadlocked in XLA:CPU's rendezvous after ~1,000 queued steps)."""
+    """The compiled annealing step for ``chains`` chains split over ``devices``, its state shardings and
+    the sharding of its random bits (None on one device).  No collectives: each device
+    evaluates and updates its own chains (a first version whose acceptance summed across devices
+    deadlocked in XLA:CPU's rendezvous after ~1,000 queued steps)."""
     nd = len(devices)
-    fn = functools.partial(_step, objective, chains, nd)
+    fn = functools.partial(_step, objective)
     options = chunked_prefill.COMPILER_OPTIONS
     if nd == 1:
         return jax.jit(fn, donate_argnums=(0,), compiler_options=options), None
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     mesh = jax.make_mesh((nd,), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
-    rows = P("chains")
-    state_spec = _Chains(rows, rows, rows, rows, rows, P(), rows, rows, P())
-    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, P(), P(), P(), P()), out_specs=(state_spec, rows),
-                            check_vma=False)
+    rows, columns = P("chains"), P(None, None, "chains")
+    state_spec = _Chains(*([rows] * (len(_Chains._fields) - 1)), row=P())
+    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, columns, P(), P(), P(), P()),
+                            out_specs=(state_spec, rows), check_vma=False)
     shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), state_spec,
                                        is_leaf=lambda x: isinstance(x, P))
-    return jax.jit(sharded, donate_argnums=(0,), compiler_options=options), (shardings, NamedSharding(mesh, P()))
+    return (jax.jit(sharded, donate_argnums=(0,), compiler_options=options),
+            (shardings, NamedSharding(mesh, P()), NamedSharding(mesh, columns)))
 
 
 def _anneal_devices(chains: int, devices: int | None) -> tuple:
@@ -330,20 +361,26 @@ _start_values = jax.jit(_relative)
 
 def _program(objective, ctx, chains: int, devices: int | None):
     """The compiled step for ``chains`` chains (shared by everything with the same objective, chain
-    count and devices), its state shardings (None on one device), and ``ctx`` placed for it."""
+    count and devices), its shardings (None on one device), and ``ctx`` placed for it."""
     step, shardings = _step_program(objective, chains, _anneal_devices(chains, devices))
     return step, shardings, jax.device_put(ctx, None if shardings is None else shardings[1])
 
 
-def _start(units, key, shardings):
+def _scalars(shardings, reference: float, max_shift: int):
+    """The step's scalar arguments (reference seconds, largest shift in units), placed for it once:
+    numbers passed as Python or NumPy scalars would be copied to the devices at every step (and
+    compile the step a second time when mixed with placed ones)."""
+    return jax.device_put((np.float32(reference), np.int32(max_shift)), None if shardings is None else shardings[1])
+
+
+def _start(units, shardings):
     """Chains about to evaluate ``units[C, M]``: every proposal valid and better than the current
     value (+inf), so the step accepts them all."""
     chains = units.shape[0]
-    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
     inf = np.full((chains,), np.inf, np.float32)
-    units, key = np.asarray(units, np.int32), np.asarray(key)
-    state = _Chains(units, inf, units, inf, np.zeros((chains,), np.int32), key, units, np.ones((chains,), bool), key)
+    units = np.asarray(units, np.int32)
+    state = _Chains(units, inf, units, inf, np.zeros((chains,), np.int32), units, np.ones((chains,), bool),
+                    np.int32(0))
     # every field its own buffer: the step donates its input state
     state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
     return state if shardings is None else jax.device_put(state, shardings[0])
@@ -357,8 +394,10 @@ def evaluate_partitions(objective, ctx, units, devices: int | None = None) -> np
     if hasattr(objective, "specialise"):
         objective = objective.specialise(ctx)
     units = np.asarray(units, np.int32)
-    step, shardings, ctx = _program(objective, ctx, units.shape[0], devices)
-    _, values = step(_start(units, jax.random.PRNGKey(0), shardings), np.float32(1), np.float32(1), np.int32(1), ctx)
+    chains = units.shape[0]
+    step, shardings, ctx = _program(objective, ctx, chains, devices)
+    draws, temps = _Draws(0, chains, [1.0], shardings).slab()
+    _, values = step(_start(units, shardings), draws, temps, *_scalars(shardings, 1.0, 1), ctx)
     return np.asarray(values)
 
 
@@ -391,26 +430,30 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
         init = np.broadcast_to(init, (chains, init.shape[0]))
     chains = init.shape[0]
     step, shardings, ctx = _program(objective, ctx, chains, devices)
-    shift = np.int32(max_shift)
+    # temperatures of steps 0 (the starting step: any) to ``steps``: geometric cooling from t_start to t_end
+    temps = np.concatenate([[1.0], t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1))])
+    inputs = _Draws(key, chains, temps, shardings)
+    draws, temps = inputs.slab()
     # the first step evaluates the starting partitions as "proposals" every chain accepts, then
     # draws the first real proposals; values are made relative once the reference is known
-    state, init_values = step(_start(init, key, shardings), np.float32(1), np.float32(1), shift, ctx)
+    state, init_values = step(_start(init, shardings), draws, temps, *_scalars(shardings, 1.0, max_shift), ctx)
     if reference is None:
         reference = float(np.asarray(init_values[0]))
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
-    ref = np.float32(reference)
-    value = _start_values(init_values, ref)
+    value = _start_values(init_values, np.float32(reference))
     state = state._replace(value=value, best_value=jnp.array(value, copy=True), accepted=jnp.zeros_like(state.accepted))
     if shardings is not None:
         state = jax.device_put(state, shardings[0])
-    temps = (t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1))).astype(np.float32)
+    ref, shift = _scalars(shardings, reference, max_shift)
     # the step loop runs in Python around one compiled program (objectives that scan internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch is asynchronous, a few
-    # steps ahead
-    for i in range(steps):   # geometric cooling from t_start to t_end
-        state, _ = step(state, temps[i], ref, shift, ctx)
-        if i % DISPATCH_AHEAD == DISPATCH_AHEAD - 1:
+    # steps ahead, and every argument is already on the devices
+    for row in range(1, steps + 1):
+        if row % DRAW_SLAB == 0:
+            draws, temps = inputs.slab()
+        state, _ = step(state, draws, temps, ref, shift, ctx)
+        if row % DISPATCH_AHEAD == 0:
             state.value.block_until_ready()
     best_val = np.asarray(state.best_value) * reference
     i = int(np.argmin(best_val))

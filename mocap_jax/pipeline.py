@@ -168,13 +168,29 @@ def finish_times_items_first(t, handoff):
     """:func:`finish_times` for inputs laid out ``t[K, N, *B]`` (batch axes last), no ready times.
 
     For kernels that keep many configurations on the trailing (contiguous) axes
-    throughout, so no transposes are needed around the wavefront scan.
+    throughout, so no transposes are needed around the wavefront scan.  The loop
+    carries only the buffer of diagonals and reads the previous one from it, so each
+    step is one in-place update (the scan of :func:`_wavefront` carries two diagonals
+    and stacks its outputs: twice the operations per step for XLA:CPU's loop runtime,
+    5% of the annealing step); the arithmetic, and so every bit of the result, is the same.
 
     Returns:
       ``[K, N, *B]`` finish times in seconds (every stage free at time 0).
     """
     K, N = t.shape[:2]
     batch = t.shape[2:]
-    zeros = jnp.zeros((K,) + batch, t.dtype)
-    _, diag = _wavefront(t, handoff, zeros, jnp.zeros((N,) + batch, t.dtype), keep_all=True)
-    return _unskew(diag, K)
+    zero = jnp.zeros((1, N) + batch, t.dtype)
+    ts = _skew(t)                                                # [K+N-1, N, *B]
+    ds = jnp.concatenate([zero, _skew(handoff)], axis=0)         # row j: hand-offs of diagonal j-1
+    no_arrival = jnp.zeros((1,) + batch, t.dtype)
+
+    def step(j, diagonals):
+        """Diagonal j into row j + 1 (row 0 is all zeros: every stage free at time 0)."""
+        f = lax.dynamic_index_in_dim(diagonals, j, 0, keepdims=False)
+        g = f + lax.dynamic_index_in_dim(ds, j, 0, keepdims=False)
+        arrive = jnp.concatenate([no_arrival, g[:-1]], axis=0)
+        new = jnp.maximum(f, arrive) + lax.dynamic_index_in_dim(ts, j, 0, keepdims=False)
+        return lax.dynamic_update_index_in_dim(diagonals, new, j + 1, 0)
+
+    diagonals = lax.fori_loop(0, K + N - 1, step, jnp.zeros((K + N, N) + batch, t.dtype))
+    return _unskew(diagonals[1:], K)

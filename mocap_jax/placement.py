@@ -123,45 +123,46 @@ def anneal_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: s
     D = hw.num_dies
     n = D if num_stages is None else num_stages
     snake = np.concatenate([mesh.snake_placement(hw, n), np.setdiff1d(np.arange(D), mesh.snake_placement(hw, n))])
+    # random numbers drawn on the host (threefry inside the program was most of its compile time)
+    rng = np.random.default_rng(seed)
+    starts = np.stack([snake] + [rng.permutation(D) for _ in range(chains - 1)])
+    slot = rng.integers(0, n, (chains, steps), dtype=np.int32)         # a stage's slot ...
+    other = rng.integers(0, D, (chains, steps), dtype=np.int32)        # ... swapped with any die's slot
+    uniform = rng.random((chains, steps), dtype=np.float32)
     best = _anneal_permutations(jnp.asarray(hop_cost_matrix(hw), jnp.float32), jnp.asarray(_pairs(pairing, n)),
-                                jnp.asarray(snake), jax.random.PRNGKey(seed), np.float32(handoff_weight),
-                                np.float32(pair_weight), np.float32(t_start), np.float32(t_end), n=n, chains=chains,
-                                steps=steps)
+                                starts, slot, other, uniform, np.float32(handoff_weight), np.float32(pair_weight),
+                                np.float32(t_start), np.float32(t_end), n=n)
     return evaluate_placement(hw, np.asarray(best)[:n], pairing, handoff_weight, pair_weight, method="annealing")
 
 
-@functools.partial(jax.jit, static_argnames=("n", "chains", "steps"))
-def _anneal_permutations(C, pairs, snake, key, handoff_weight, pair_weight, t_start, t_end, *, n: int, chains: int,
-                         steps: int):
-    """Best die permutation found by ``chains`` annealing chains (one program: meshes with the same
-    die count, stage count and pair count share it)."""
-    D = C.shape[0]
+@functools.partial(jax.jit, static_argnames=("n",))
+def _anneal_permutations(C, pairs, starts, slot, other, uniform, handoff_weight, pair_weight, t_start, t_end, *,
+                         n: int):
+    """Best die permutation found by annealing chains from ``starts[chains, D]``, with the random
+    swaps ``slot``, ``other`` and acceptance draws ``uniform``, each ``[chains, steps]`` (one program:
+    meshes with the same die count, stage count, pair count, chains and steps share it)."""
     cost = _cost_fn(C, pairs, n, handoff_weight, pair_weight)
-    k0, key = jax.random.split(key)
-    starts = jax.vmap(lambda k: jax.random.permutation(k, D))(jax.random.split(k0, chains))
-    starts = starts.at[0].set(snake)
+    steps = slot.shape[1]
     decay = (t_end / t_start) ** (1.0 / max(steps - 1, 1))
 
-    def chain(perm, k):
-        def step(carry, i):
-            perm, c, best, best_c, k = carry
-            k, ki, kj, ku = jax.random.split(k, 4)
-            a = jax.random.randint(ki, (), 0, n)
-            b = jax.random.randint(kj, (), 0, D)
+    def chain(perm, slot, other, uniform):
+        def step(carry, xs):
+            perm, c, best, best_c = carry
+            a, b, u, i = xs
             new = perm.at[a].set(perm[b]).at[b].set(perm[a])
             nc = cost(new)
             temp = t_start * decay ** i
-            accept = (nc <= c) | (jax.random.uniform(ku) < jnp.exp(-(nc - c) / temp))
+            accept = (nc <= c) | (u < jnp.exp(-(nc - c) / temp))
             perm = jnp.where(accept, new, perm)
             c = jnp.where(accept, nc, c)
             better = c < best_c
-            return (perm, c, jnp.where(better, perm, best), jnp.where(better, c, best_c), k), None
+            return (perm, c, jnp.where(better, perm, best), jnp.where(better, c, best_c)), None
 
         c0 = cost(perm)
-        (_, _, best, best_c, _), _ = jax.lax.scan(step, (perm, c0, perm, c0, k), jnp.arange(steps))
+        (_, _, best, best_c), _ = jax.lax.scan(step, (perm, c0, perm, c0), (slot, other, uniform, jnp.arange(steps)))
         return best, best_c
 
-    best, best_c = jax.vmap(chain)(starts, jax.random.split(key, chains))
+    best, best_c = jax.vmap(chain)(starts, slot, other, uniform)
     return best[jnp.argmin(best_c)]
 
 
