@@ -52,8 +52,10 @@ from .schedule import Point, SimShape, kv_peak
 
 
 MODES = ("off", "static", "unpaired")
-#: partitions evaluated together by :func:`prefill_blocks` (measured fastest on a 2-core CPU)
-BLOCK = 256
+#: partitions evaluated together by :func:`prefill_blocks` (measured fastest on a 2-core CPU: the annealing
+#: step took 3.6 ms with 64, 3.5-3.6 with 128, 4.0 with 256 and 4.6 with 512, once the kernel read
+#: its tokens in a vectorisable layout)
+BLOCK = 64
 #: XLA options for programs built on this kernel: 512-bit vectors where the CPU has them (AVX-512),
 #: about 12% faster on the annealing benchmark with identical results; a hint other CPUs and
 #: backends ignore
@@ -279,6 +281,19 @@ def _blocking(f, start, serve, has_host, partner: np.ndarray):
     return charged - jnp.concatenate([jnp.zeros_like(charged[:1]), charged[:-1]], axis=0)
 
 
+def _items_first(partition):
+    """``[K, C]`` chunk tokens from ``[C, K]`` partitions, materialised in that layout.
+
+    A plain transpose is folded by XLA's layout assignment into its consumers, the ``[K, K]``
+    reductions of every MBKR pass among them, which then read the tokens with a stride of K
+    in their vectorised loops: ~10% of the kernel.
+    """
+    partition = jnp.asarray(partition)
+    K = partition.shape[1]
+    eye = jnp.eye(K, dtype=partition.dtype)
+    return jnp.sum(eye[:, None, :] * partition[None, :, :], axis=-1)
+
+
 def prefill_many(partition, batch, point: Point, shape: SimShape, structure: StageStructure,
                  detail: bool = False) -> dict:
     """EvaluatePrefill of ``C`` chunked partitions of one batch.
@@ -306,10 +321,10 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
     model, hw, layout = point.model, point.hardware, point.layout
     dt = model.hidden.dtype
     n = layout.num_stages
-    partition = jnp.asarray(partition)
-    C = partition.shape[0]
-    c = partition.T.astype(dt)                                                        # [K, C]
-    p = (_cumsum(partition.T) - partition.T).astype(dt)
+    items = _items_first(partition)                                                   # [K, C] int tokens
+    C = items.shape[1]
+    c = items.astype(dt)                                                              # [K, C]
+    p = (_cumsum(items) - items).astype(dt)
     b = jnp.broadcast_to(jnp.asarray(batch, dt), (C,))[None, :] * jnp.ones_like(c)
     last = jnp.broadcast_to((jnp.arange(K) == K - 1)[:, None], (K, C))
     t = costs.stage_times(model, hw, layout, c, p, b, last, N, stage_axis=-2)          # [K, N, C]
@@ -351,7 +366,7 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
             their costs, and the timeline they give."""
             f, start, kv_time, _, _, _ = carry
             moved, peak_kv, overflow = pair_spills_one_group(kv_time, release_of(kv_time), kv, budget, structure,
-                                                             mb.p1, mb.p2, partition.T, kv_scale)
+                                                             mb.p1, mb.p2, items, kv_scale)
             read_bytes = _cumsum(moved) - moved                                      # group's KV spilled earlier
             read = jnp.where(read_bytes > 0, hops * hw.link_latency_s + read_bytes / (bandwidth * hw.eff_link), 0.0)
             read_extra = jnp.maximum(read - mb.read_overlap * attention, 0.0)

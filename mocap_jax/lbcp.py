@@ -356,9 +356,6 @@ def _anneal_devices(chains: int, devices: int | None) -> tuple:
     return tuple(local[:devices])
 
 
-_start_values = jax.jit(_relative)
-
-
 def _program(objective, ctx, chains: int, devices: int | None):
     """The compiled step for ``chains`` chains (shared by everything with the same objective, chain
     count and devices), its shardings (None on one device), and ``ctx`` placed for it."""
@@ -438,13 +435,14 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     # draws the first real proposals; values are made relative once the reference is known
     state, init_values = step(_start(init, shardings), draws, temps, *_scalars(shardings, 1.0, max_shift), ctx)
     if reference is None:
-        reference = float(np.asarray(init_values[0]))
+        reference = float(np.asarray(init_values)[0])
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
-    value = _start_values(init_values, np.float32(reference))
-    state = state._replace(value=value, best_value=jnp.array(value, copy=True), accepted=jnp.zeros_like(state.accepted))
-    if shardings is not None:
-        state = jax.device_put(state, shardings[0])
+    # on the host (small), so the first call compiles no eager operations
+    init_values = np.asarray(init_values, np.float32)
+    value = np.where(np.isfinite(init_values), init_values / np.float32(reference), np.float32(PENALTY))
+    state = state._replace(value=value, best_value=value.copy(), accepted=np.zeros((chains,), np.int32))
+    state = jax.device_put(state, None if shardings is None else shardings[0])
     ref, shift = _scalars(shardings, reference, max_shift)
     # the step loop runs in Python around one compiled program (objectives that scan internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch is asynchronous, a few
@@ -459,4 +457,4 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     i = int(np.argmin(best_val))
     val = float(best_val[i]) if best_val[i] < PENALTY * reference else float("inf")
     accepted = int(np.asarray(state.accepted).sum())
-    return AnnealResult(np.asarray(state.best[i]), val, best_val, accepted / (chains * steps))
+    return AnnealResult(np.asarray(state.best)[i], val, best_val, accepted / (chains * steps))

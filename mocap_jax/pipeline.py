@@ -180,17 +180,17 @@ def finish_times_items_first(t, handoff):
     K, N = t.shape[:2]
     batch = t.shape[2:]
     zero = jnp.zeros((1, N) + batch, t.dtype)
-    ts = _skew(t)                                                # [K+N-1, N, *B]
     ds = jnp.concatenate([zero, _skew(handoff)], axis=0)         # row j: hand-offs of diagonal j-1
     no_arrival = jnp.zeros((1,) + batch, t.dtype)
 
     def step(j, diagonals):
-        """Diagonal j into row j + 1 (row 0 is all zeros: every stage free at time 0)."""
+        """Diagonal j into row j + 1, which holds its stage times until then (row 0: zeros, every
+        stage free at time 0); read before written, so the buffer needs no separate input."""
         f = lax.dynamic_index_in_dim(diagonals, j, 0, keepdims=False)
         g = f + lax.dynamic_index_in_dim(ds, j, 0, keepdims=False)
         arrive = jnp.concatenate([no_arrival, g[:-1]], axis=0)
-        new = jnp.maximum(f, arrive) + lax.dynamic_index_in_dim(ts, j, 0, keepdims=False)
+        new = jnp.maximum(f, arrive) + lax.dynamic_index_in_dim(diagonals, j + 1, 0, keepdims=False)
         return lax.dynamic_update_index_in_dim(diagonals, new, j + 1, 0)
 
-    diagonals = lax.fori_loop(0, K + N - 1, step, jnp.zeros((K + N, N) + batch, t.dtype))
+    diagonals = lax.fori_loop(0, K + N - 1, step, jnp.concatenate([zero, _skew(t)], axis=0))
     return _unskew(diagonals[1:], K)
