@@ -187,7 +187,7 @@ class AnnealResult(NamedTuple):
 
 #: steps queued ahead of the running one: with all of them queued at once the loop ran 20-80% slower
 #: (and unsteadily) on a 2-core CPU; waiting every few steps still hides the dispatch and keeps the
-#: step time steady (1 to 16 measured alike)
+#: step time steady (1 to 32 measured alike)
 DISPATCH_AHEAD = 8
 PENALTY = 1e6   # relative objective of an infeasible partition
 
@@ -200,8 +200,9 @@ def _many(objective, units, ctx):
     return many(units, ctx)
 
 
-def _relative(values, reference):
-    return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
+def _relative(values, reference, xp=jnp):
+    """Objectives relative to ``reference``, ``PENALTY`` where infeasible (``xp``: jnp or np)."""
+    return xp.where(xp.isfinite(values), values / reference, xp.asarray(PENALTY, values.dtype))
 
 
 def _call(objective, units, ctx):
@@ -255,14 +256,14 @@ class _Draws:
     (threefry unrolled inside it was about a fifth of its compile time, and 5% of its run time).
     """
 
-    def __init__(self, key, chains: int, temps, shardings=None):
+    def __init__(self, key, chains: int, temps, placement: _Placement):
         if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
             key = jax.random.key_data(key)
         self._rng = np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
         self._chains = chains
         slabs = -(-len(temps) // DRAW_SLAB)
         self._temps = np.pad(np.asarray(temps, np.float32), (0, slabs * DRAW_SLAB - len(temps)), constant_values=1)
-        self._shardings = (None, None) if shardings is None else (shardings[2], shardings[1])
+        self._placement = placement
         self._next = 0
 
     def slab(self):
@@ -270,7 +271,7 @@ class _Draws:
         bits = self._rng.integers(0, 2 ** 32, (DRAW_SLAB, 4, self._chains), dtype=np.uint32)
         temps = self._temps[self._next * DRAW_SLAB: (self._next + 1) * DRAW_SLAB]
         self._next += 1
-        return jax.device_put(bits, self._shardings[0]), jax.device_put(temps, self._shardings[1])
+        return jax.device_put(bits, self._placement.columns), jax.device_put(temps, self._placement.replicated)
 
 
 def _uniform(bits):
@@ -322,27 +323,37 @@ def _step(objective, state: _Chains, draws, temps, reference, max_shift, ctx):
                    state.row + 1), values
 
 
+class _Placement(NamedTuple):
+    """Where the step's arguments live (all None on one device): ``state`` a :class:`_Chains` of
+    shardings (rows split over the devices, ``row`` replicated), ``replicated`` for scalars and the
+    context, ``columns`` for the random bits ``[S, 4, C]``."""
+
+    state: _Chains | None = None
+    replicated: object = None
+    columns: object = None
+
+
 @functools.lru_cache(maxsize=32)
 def _step_program(objective, chains: int, devices: tuple):
-    """The compiled annealing step for ``chains`` chains split over ``devices``, its state shardings and
-    the sharding of its random bits (None on one device).  No collectives: each device
+    """The compiled annealing step for ``chains`` chains split over ``devices`` and its
+    :class:`_Placement`.  No collectives: each device
     evaluates and updates its own chains (a first version whose acceptance summed across devices
     deadlocked in XLA:CPU's rendezvous after ~1,000 queued steps)."""
     nd = len(devices)
     fn = functools.partial(_step, objective)
     options = chunked_prefill.COMPILER_OPTIONS
     if nd == 1:
-        return jax.jit(fn, donate_argnums=(0,), compiler_options=options), None
+        return jax.jit(fn, donate_argnums=(0,), compiler_options=options), _Placement()
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     mesh = jax.make_mesh((nd,), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
     rows, columns = P("chains"), P(None, None, "chains")
     state_spec = _Chains(*([rows] * (len(_Chains._fields) - 1)), row=P())
     sharded = jax.shard_map(fn, mesh=mesh, in_specs=(state_spec, columns, P(), P(), P(), P()),
                             out_specs=(state_spec, rows), check_vma=False)
-    shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), state_spec,
-                                       is_leaf=lambda x: isinstance(x, P))
+    state = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), state_spec,
+                                   is_leaf=lambda x: isinstance(x, P))
     return (jax.jit(sharded, donate_argnums=(0,), compiler_options=options),
-            (shardings, NamedSharding(mesh, P()), NamedSharding(mesh, columns)))
+            _Placement(state, NamedSharding(mesh, P()), NamedSharding(mesh, columns)))
 
 
 def _anneal_devices(chains: int, devices: int | None) -> tuple:
@@ -358,29 +369,28 @@ def _anneal_devices(chains: int, devices: int | None) -> tuple:
 
 def _program(objective, ctx, chains: int, devices: int | None):
     """The compiled step for ``chains`` chains (shared by everything with the same objective, chain
-    count and devices), its shardings (None on one device), and ``ctx`` placed for it."""
-    step, shardings = _step_program(objective, chains, _anneal_devices(chains, devices))
-    return step, shardings, jax.device_put(ctx, None if shardings is None else shardings[1])
+    count and devices), its :class:`_Placement`, and ``ctx`` placed for it."""
+    step, placement = _step_program(objective, chains, _anneal_devices(chains, devices))
+    return step, placement, jax.device_put(ctx, placement.replicated)
 
 
-def _scalars(shardings, reference: float, max_shift: int):
+def _scalars(placement: _Placement, reference: float, max_shift: int):
     """The step's scalar arguments (reference seconds, largest shift in units), placed for it once:
     numbers passed as Python or NumPy scalars would be copied to the devices at every step (and
     compile the step a second time when mixed with placed ones)."""
-    return jax.device_put((np.float32(reference), np.int32(max_shift)), None if shardings is None else shardings[1])
+    return jax.device_put((np.float32(reference), np.int32(max_shift)), placement.replicated)
 
 
-def _start(units, shardings):
+def _start(units, placement: _Placement):
     """Chains about to evaluate ``units[C, M]``: every proposal valid and better than the current
     value (+inf), so the step accepts them all."""
     chains = units.shape[0]
-    inf = np.full((chains,), np.inf, np.float32)
     units = np.asarray(units, np.int32)
-    state = _Chains(units, inf, units, inf, np.zeros((chains,), np.int32), units, np.ones((chains,), bool),
-                    np.int32(0))
-    # every field its own buffer: the step donates its input state
-    state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
-    return state if shardings is None else jax.device_put(state, shardings[0])
+    inf = lambda: np.full((chains,), np.inf, np.float32)
+    # every field its own buffer (host copies, placed once): the step donates its input state
+    state = _Chains(units.copy(), inf(), units.copy(), inf(), np.zeros((chains,), np.int32), units.copy(),
+                    np.ones((chains,), bool), np.int32(0))
+    return jax.device_put(state, placement.state)
 
 
 def evaluate_partitions(objective, ctx, units, devices: int | None = None) -> np.ndarray:
@@ -392,9 +402,9 @@ def evaluate_partitions(objective, ctx, units, devices: int | None = None) -> np
         objective = objective.specialise(ctx)
     units = np.asarray(units, np.int32)
     chains = units.shape[0]
-    step, shardings, ctx = _program(objective, ctx, chains, devices)
-    draws, temps = _Draws(0, chains, [1.0], shardings).slab()
-    _, values = step(_start(units, shardings), draws, temps, *_scalars(shardings, 1.0, 1), ctx)
+    step, placement, ctx = _program(objective, ctx, chains, devices)
+    draws, temps = _Draws(0, chains, [1.0], placement).slab()
+    _, values = step(_start(units, placement), draws, temps, *_scalars(placement, 1.0, 1), ctx)
     return np.asarray(values)
 
 
@@ -426,24 +436,23 @@ def anneal(objective, ctx, init_units, key, chains: int = 1024, steps: int = 200
     if init.ndim == 1:
         init = np.broadcast_to(init, (chains, init.shape[0]))
     chains = init.shape[0]
-    step, shardings, ctx = _program(objective, ctx, chains, devices)
+    step, placement, ctx = _program(objective, ctx, chains, devices)
     # temperatures of steps 0 (the starting step: any) to ``steps``: geometric cooling from t_start to t_end
     temps = np.concatenate([[1.0], t_start * (t_end / t_start) ** (np.arange(steps) / max(steps - 1, 1))])
-    inputs = _Draws(key, chains, temps, shardings)
+    inputs = _Draws(key, chains, temps, placement)
     draws, temps = inputs.slab()
     # the first step evaluates the starting partitions as "proposals" every chain accepts, then
     # draws the first real proposals; values are made relative once the reference is known
-    state, init_values = step(_start(init, shardings), draws, temps, *_scalars(shardings, 1.0, max_shift), ctx)
+    state, init_values = step(_start(init, placement), draws, temps, *_scalars(placement, 1.0, max_shift), ctx)
     if reference is None:
         reference = float(np.asarray(init_values)[0])
     if not np.isfinite(reference) or reference <= 0:
         reference = 1.0
     # on the host (small), so the first call compiles no eager operations
-    init_values = np.asarray(init_values, np.float32)
-    value = np.where(np.isfinite(init_values), init_values / np.float32(reference), np.float32(PENALTY))
+    value = _relative(np.asarray(init_values, np.float32), np.float32(reference), np)
     state = state._replace(value=value, best_value=value.copy(), accepted=np.zeros((chains,), np.int32))
-    state = jax.device_put(state, None if shardings is None else shardings[0])
-    ref, shift = _scalars(shardings, reference, max_shift)
+    state = jax.device_put(state, placement.state)
+    ref, shift = _scalars(placement, reference, max_shift)
     # the step loop runs in Python around one compiled program (objectives that scan internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch is asynchronous, a few
     # steps ahead, and every argument is already on the devices
