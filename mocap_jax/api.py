@@ -23,7 +23,7 @@ from . import chunked_prefill, costs
 from .costs import HardwareParams, ModelParams, StageLayout
 from .mbkr import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, STATIC_PAIRING_CODE, MBKRParams,
                    check_thresholds, pair_routes, partner_of)
-from .mesh import snake_placement
+from .specs.mesh import snake_placement
 from .schedule import ItemTable, Point, SimShape, bucket, evaluate_items_batched, evaluate_one
 from .specs import HardwareSpec, ModelSpec, get_hardware, get_model
 

@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from . import chunked_prefill
-from .costs import _pytree
+from .costs import pytree
 from .schedule import Point, SimShape, chunked_items, evaluate
 from .serving import ServingShape, e2e_latency
 
 Array = Any
 
 
-@_pytree
+@pytree
 class PartitionContext:
     """Traced context of a partition objective.
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import mesh
-from .costs import _pytree
+from .specs import mesh
+from .costs import pytree
 from .specs import HardwareSpec
 
 Array = Any
@@ -41,7 +41,7 @@ UNROLL = 1   # event scans are not unrolled (unrolling measured slower on CPU)
 RANK_RESOLUTION = 2.0 ** -20
 
 
-@_pytree
+@pytree
 class MBKRParams:
     """Traced MBKR numbers of one configuration.
 

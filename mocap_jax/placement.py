@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import mesh
+from .specs import mesh
 from .mbkr import STATIC_PAIRING_CODE, partner_of
 from .specs import HardwareSpec
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import costs
-from .costs import HardwareParams, ModelParams, StageLayout, _pytree
+from .costs import HardwareParams, ModelParams, StageLayout, pytree
 from .mbkr import MBKRParams, dynamic_spills, pair_spills, partner_of, spill_costs
 from .pipeline import finish_times, pipeline_latency
 
@@ -59,7 +59,7 @@ def bucket(n: int, minimum: int = 4) -> int:
     return b
 
 
-@_pytree
+@pytree
 class ItemTable:
     """The items of one batch, padded to ``k_pad``.
 
@@ -114,7 +114,7 @@ def gpipe_items(seq_len, batch, microbatch, k_pad: int) -> ItemTable:
                      last=valid, valid=valid, group_last=k)
 
 
-@_pytree
+@pytree
 class Point:
     """Everything numeric about one configuration (a pytree of traced leaves).
 

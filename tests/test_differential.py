@@ -202,7 +202,7 @@ def test_validate_command_json(capsys):
 def test_calibration_reported_unavailable_without_its_module(monkeypatch):
     import sys
 
-    from mocap_jax.validation.cli import calibration_check, format_validate
+    from mocap_jax.cli.validate import calibration_check, format_validate
 
     monkeypatch.setitem(sys.modules, "mocap_jax.validation.calibrate", None)
     cal = calibration_check()

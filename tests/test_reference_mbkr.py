@@ -279,7 +279,7 @@ def test_validate_reports_the_mbkr_approximation(capsys):
 
 def test_validate_text_has_an_mbkr_block_and_mbkr_can_be_skipped(capsys):
     from mocap_jax.cli import main
-    from mocap_jax.validation.cli import format_mbkr
+    from mocap_jax.cli.validate import format_mbkr
 
     main(["validate", "--configs", "1", "--mbkr-configs", "0", "--no-calibration", "--json"])
     import json

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from mocap_jax import mesh
+from mocap_jax.specs import mesh
 from mocap_jax.specs import (HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, SpecError, get_hardware, get_model,
                              mocap_wafer)
 

@@ -66,7 +66,7 @@ def test_shipped_sweeps_plan():
 
 
 def test_embedded_million_matches_file():
-    from mocap_jax.sweep_cli import MILLION_TOML
+    from mocap_jax.cli.sweep import MILLION_TOML
 
     assert (ROOT / "sweeps" / "million.toml").read_text() == MILLION_TOML
 
@@ -234,7 +234,7 @@ batch = [1]
 def test_serving_load_gives_e2e_columns(tmp_path):
     import jax.numpy as jnp
 
-    from mocap_jax.mesh import snake_placement
+    from mocap_jax.specs.mesh import snake_placement
     from mocap_jax.serving import ServingShape, arrival_times, e2e_latency_jit
     from mocap_jax.specs import get_hardware, get_model
 

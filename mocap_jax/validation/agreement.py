@@ -373,7 +373,7 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, models=AGRE
     """
     from .. import costs
     from ..api import searched_placement
-    from ..mesh import snake_placement
+    from ..specs.mesh import snake_placement
     from ..specs import get_model
 
     rng = np.random.default_rng(seed)

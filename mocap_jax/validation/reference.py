@@ -43,7 +43,7 @@ import numpy as np
 import simpy
 
 from .. import costs
-from ..mesh import link_bandwidth, snake_placement, xy_route
+from ..specs.mesh import link_bandwidth, snake_placement, xy_route
 from ..specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 #: Schemes the reference implements (``mbkr``: :mod:`mocap_jax.validation.reference_mbkr`).

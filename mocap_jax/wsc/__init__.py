@@ -17,7 +17,7 @@ Modules:
 * :mod:`~mocap_jax.wsc.explore` -- hardware design-space exploration.
 * :mod:`~mocap_jax.wsc.baselines` -- Splitwise vs WSC-LLM on the A100 cluster and the wafer, ablations.
 * :mod:`~mocap_jax.wsc.figures` -- run / plot functions of the part-2 figures.
-* :mod:`~mocap_jax.wsc.cli` -- ``mocap-jax wsc-llm ...``.
+* :mod:`mocap_jax.cli.wsc` -- ``mocap-jax wsc-llm ...``.
 
 The submodules keep their names (``mocap_jax.wsc.partition.partition(...)``,
 ``mocap_jax.wsc.memory``, ...); only classes and array functions are re-exported here.

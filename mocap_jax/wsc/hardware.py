@@ -9,7 +9,7 @@ Two topologies:
 
 * ``"mesh"`` -- a ``rows x cols`` wafer of compute dies, each joined to its four
   neighbours by D2D links (``link_bandwidth`` bytes/s per direction).  Traffic follows
-  dimension-order (XY) routing (:mod:`mocap_jax.mesh`).
+  dimension-order (XY) routing (:mod:`mocap_jax.specs.mesh`).
 * ``"cluster"`` -- ``rows`` nodes of ``cols`` GPUs.  Inside a node every pair of GPUs
   is one hop over the NVLink switch (``link_bandwidth`` per GPU per direction);
   between nodes each GPU has its own network port of ``node_bandwidth`` bytes/s
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import mesh as _mesh
+from ..specs import mesh as _mesh
 from ..specs import HardwareSpec, SpecError
 
 Array = Any
@@ -130,7 +130,7 @@ class WaferSpec:
         return self.topology == "mesh"
 
     def mesh_spec(self) -> HardwareSpec:
-        """The same grid as a :class:`~mocap_jax.specs.HardwareSpec` (for :mod:`mocap_jax.mesh` routing).
+        """The same grid as a :class:`~mocap_jax.specs.HardwareSpec` (for :mod:`mocap_jax.specs.mesh` routing).
 
         A cluster maps to a ``switch`` topology (every pair of GPUs one hop apart);
         use :func:`hop_matrix` for the cluster's node-aware distances.
@@ -366,7 +366,7 @@ def die_coords(w: WaferSpec) -> np.ndarray:
 def hop_matrix(w: WaferSpec) -> np.ndarray:
     """Hop count between every pair of dies, ``[D, D]`` int.
 
-    Mesh: Manhattan distance (XY routing, :func:`mocap_jax.mesh.hop_matrix`).
+    Mesh: Manhattan distance (XY routing, :func:`mocap_jax.specs.mesh.hop_matrix`).
     Cluster: 0 on the diagonal, 1 elsewhere (one NVLink hop inside a node, one network
     hop between nodes; see :func:`crosses_nodes` for which).
     """

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import mesh as _mesh
+from ..specs import mesh as _mesh
 from ..costs import ModelParams, roofline
 from ..specs import HardwareSpec, ModelSpec, SpecError
 from .hardware import WaferParams, WaferSpec

@@ -10,12 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import numpy as np
 
-from . import api, compare, lbcp, mesh
-from .commands import positive_int
-from .evaluate import PrefillObjective
-from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
-from .schedule import SimShape, bucket
-from .serving import ARRIVALS
+from .. import api, compare, lbcp
+from ..specs import mesh
+from .core import positive_int
+from ..evaluate import PrefillObjective
+from ..mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
+from ..schedule import SimShape, bucket
+from ..serving import ARRIVALS
 
 
 def _add_common(p):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from .commands import positive_int
-from .mbkr import PAIRINGS
-from .placement import grid_picture, search_placement, snake_report
-from .specs import get_hardware
+from .core import positive_int
+from ..mbkr import PAIRINGS
+from ..placement import grid_picture, search_placement, snake_report
+from ..specs import get_hardware
 
 
 def cmd_placement(args) -> int:

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .commands import positive_int
+from .core import positive_int
 
 # The benchmark's synthetic sweep; sweeps/million.toml holds the same text (a test checks they agree).
 MILLION_TOML = """\
@@ -71,7 +71,7 @@ def format_summary(s) -> str:
 
 
 def cmd_sweep(args) -> int:
-    from . import sweep
+    from .. import sweep
 
     if args.dry_run:
         d = sweep.describe(args.file, block_size=args.block_size)
@@ -100,7 +100,7 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
     """Run the first ``points`` points of the million-point sweep; wall time, rate, compile time, peak RSS."""
     import jax
 
-    from . import sweep
+    from .. import sweep
 
     rss0 = peak_rss_mb()
     tmp = None

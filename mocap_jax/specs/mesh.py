@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .specs import HardwareSpec
+from .hardware import HardwareSpec
 
 
 def die_coords(hw: HardwareSpec) -> np.ndarray:

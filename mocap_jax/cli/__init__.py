@@ -14,14 +14,14 @@ import sys
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
-    "mocap_jax.commands",          # simulate, max-seq, models, hardware, bench pipeline
-    "mocap_jax.mbkr_cli",          # placement (MBKR issue)
-    "mocap_jax.lbcp_cli",          # compare, partition, bench anneal (LBCP issue)
-    "mocap_jax.validation.cli",    # validate, bench reference
-    "mocap_jax.validation.calibrate_cli",  # calibrate
-    "mocap_jax.sweep_cli",         # sweep, bench sweep
-    "mocap_jax.study",             # reproduce
-    "mocap_jax.wsc.cli",           # wsc-llm ...
+    "mocap_jax.cli.core",          # simulate, max-seq, max-batch, models, hardware, bench pipeline
+    "mocap_jax.cli.placement",     # placement
+    "mocap_jax.cli.partition",     # compare, partition, bench anneal
+    "mocap_jax.cli.validate",      # validate, bench reference
+    "mocap_jax.cli.calibrate",     # calibrate
+    "mocap_jax.cli.sweep",         # sweep, bench sweep
+    "mocap_jax.cli.study",         # reproduce
+    "mocap_jax.cli.wsc",           # wsc-llm ..., bench wsc-serving
 )
 
 
@@ -40,19 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mocap-jax",
         description="Vectorised simulator of prefill-only LLM inference (MOCAP) and serving (WSC-LLM) on wafer-scale chips.",
     )
-    from . import __version__
+    from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"mocap-jax {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_sub = _bench_parser(sub)
     for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue  # feature not built yet
-            raise
-        mod.register(sub, bench_sub)
+        importlib.import_module(name).register(sub, bench_sub)
     return parser
 
 

@@ -14,7 +14,7 @@ DEFAULT_FIGURE = "figures/calibration.png"
 
 def register(subparsers, bench_subparsers=None) -> None:
     """Add the ``calibrate`` sub-command (``bench_subparsers`` is accepted for the common signature; unused)."""
-    from .calibrate import SIZES
+    from ..validation.calibrate import SIZES
 
     p = subparsers.add_parser(
         "calibrate",
@@ -49,7 +49,7 @@ def _path_or_none(value):
 
 
 def run_calibrate_command(args) -> int:
-    from .calibrate import run_calibration
+    from ..validation.calibrate import run_calibration
 
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..commands import positive_int as _positive
-from .agreement import (MBKR_TARGET_MAX, MBKR_TARGET_MEAN, METRICS, random_partition, run_mbkr_agreement,
+from .core import positive_int as _positive
+from ..validation.agreement import (MBKR_TARGET_MAX, MBKR_TARGET_MEAN, METRICS, random_partition, run_mbkr_agreement,
                         run_reference_agreement, tolerance)
 
 _LABELS = {
@@ -97,7 +97,7 @@ def calibration_check(size: str = "small") -> dict[str, Any]:
       ``{"available": False, "reason": ...}`` when ``mocap_jax.validation.calibrate`` is absent.
     """
     try:
-        from .calibrate import run_calibration
+        from ..validation.calibrate import run_calibration
     except ImportError as e:
         if e.name != "mocap_jax.validation.calibrate":
             raise
@@ -263,7 +263,7 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
       ``per_config_us`` for both; ``max_rel_err_latency`` between the two as a sanity check.
     """
     import mocap_jax
-    from .reference import reference_simulate
+    from ..validation.reference import reference_simulate
 
     if chunks > 2 ** 10:
         raise ValueError(f"--chunks must be at most 1024, got {chunks}")

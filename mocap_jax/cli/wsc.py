@@ -32,12 +32,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..specs import SpecError, get_model
-from . import memory as mem
-from . import partition as part
-from . import perf
-from . import placement as plc
-from .hardware import WAFER_PRESETS, WaferSpec, get_wafer
-from .workload import WORKLOAD_PRESETS, get_workload
+from ..wsc import memory as mem
+from ..wsc import partition as part
+from ..wsc import perf
+from ..wsc import placement as plc
+from ..wsc.hardware import WAFER_PRESETS, WaferSpec, get_wafer
+from ..wsc.workload import WORKLOAD_PRESETS, get_workload
 
 
 # --------------------------------------------------------------------------- formatting
@@ -529,7 +529,7 @@ def _serving_args(p: argparse.ArgumentParser, requests: int | None = 400) -> Non
 
 
 def _serving_config(args):
-    from .serving import ServingConfig
+    from ..wsc.serving import ServingConfig
 
     if args.chunk < 1 or args.max_batch < 1 or args.window < 1:
         raise SpecError("--chunk, --max-batch and --window must be positive integers")
@@ -568,7 +568,7 @@ def _metric_cells(m: dict) -> list:
 
 
 def cmd_trace(args) -> int:
-    from .workload import LENGTH_FITS, WORKLOAD_PRESETS, get_trace
+    from ..wsc.workload import LENGTH_FITS, WORKLOAD_PRESETS, get_trace
 
     if args.requests is not None and args.requests < 1:
         raise SpecError(f"--requests must be a positive integer, got {args.requests}")
@@ -595,8 +595,8 @@ def cmd_trace(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from . import serving as sv
-    from .workload import get_trace
+    from ..wsc import serving as sv
+    from ..wsc.workload import get_trace
 
     config = _serving_config(args)
     if args.rate is not None and (not args.rate > 0 or not math.isfinite(args.rate)):
@@ -623,7 +623,7 @@ def cmd_serve(args) -> int:
     res = rep.results[0]
     check = None
     if args.check_reference:
-        from . import serving_reference as ref
+        from ..wsc import serving_reference as ref
 
         r64 = sv.simulate([(setup, trace)], dtype=jax.numpy.float64).results[0] if dtype != jax.numpy.float64 else res
         rres, rout = ref.reference_result(setup, trace)
@@ -631,7 +631,7 @@ def cmd_serve(args) -> int:
         if dtype != jax.numpy.float64:
             check["float32_vs_reference"] = ref.agreement(res, rres)
     if args.out:
-        from .explore import write_rows
+        from ..wsc.explore import write_rows
 
         write_rows([res.row()], args.out)
     if args.json:
@@ -668,8 +668,8 @@ QUICK = {"models": "llama2-7b,llama3-70b,llama3.1-405b", "dram_gb": "32,96", "d2
 
 
 def cmd_explore(args) -> int:
-    from . import explore as ex
-    from . import figures as fg
+    from ..wsc import explore as ex
+    from ..wsc import figures as fg
 
     config = _serving_config(args)
     if args.quick:
@@ -729,9 +729,9 @@ EXPLORE_DEFAULTS = {"models": "llama2-7b,llama3-70b,llama3.1-405b", "workloads":
 
 
 def cmd_baselines(args) -> int:
-    from . import baselines as bl
-    from . import figures as fg
-    from .explore import write_rows
+    from ..wsc import baselines as bl
+    from ..wsc import figures as fg
+    from ..wsc.explore import write_rows
 
     config = _serving_config(args)
     loads = _floats(args.loads, "--loads")
@@ -787,9 +787,9 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
     """
     import jax.numpy as jnp
 
-    from . import serving as sv
-    from . import serving_reference as ref
-    from .workload import synthetic_trace, resolve_workload_name
+    from ..wsc import serving as sv
+    from ..wsc import serving_reference as ref
+    from ..wsc.workload import synthetic_trace, resolve_workload_name
 
     dtype = jnp.float32 if dtype is None else dtype
     if points < 1 or requests < 2:
@@ -833,7 +833,7 @@ def cmd_bench_serving(args) -> int:
         raise SpecError(f"--load must be positive, got {args.load}")
     if args.max_batch < 1:
         raise SpecError(f"--max-batch must be a positive integer, got {args.max_batch}")
-    from .serving import ServingConfig
+    from ..wsc.serving import ServingConfig
 
     res = bench_serving(args.model, args.hardware, args.workload, args.points, args.requests, args.reference_points,
                         args.load, args.seed, _dtype(args), ServingConfig(max_batch=args.max_batch))

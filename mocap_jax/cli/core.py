@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from . import api
-from .mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
-from .specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
+from .. import api
+from ..mbkr import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS
+from ..specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
 
 
 def positive_int(text: str) -> int:
@@ -111,7 +111,7 @@ def cmd_simulate(args) -> int:
     scheme, partition = args.scheme, args.partition
     kw = _sim_kwargs(args)
     if scheme in PLANNED_SCHEMES:   # chunk sizes planned first (TeraPipe DP, or LBCP DP + annealing)
-        from . import compare
+        from .. import compare
 
         if partition is not None:
             raise ValueError(f"--scheme {scheme} plans its own chunk sizes; drop --partition or use terapipe/mbkr")
@@ -192,7 +192,7 @@ def cmd_hardware(args) -> int:
 
 
 def cmd_bench_pipeline(args) -> int:
-    from .bench import bench_pipeline
+    from ..bench import bench_pipeline
 
     r = bench_pipeline(args.model, args.hardware, args.seq_len, args.chunks, args.partitions, args.block,
                        args.repeats, args.seed)

@@ -1,0 +1,133 @@
+"""The specs as pytrees of traced numbers: what the array programs see of a model, a die and a placement.
+
+:class:`ModelParams`, :class:`HardwareParams` and :class:`StageLayout` are frozen dataclasses
+whose every field is a traced leaf, so a sweep can ``vmap`` over any of them; they are built
+on the host from :class:`~mocap_jax.specs.ModelSpec`, :class:`~mocap_jax.specs.HardwareSpec`
+and a stage-to-die map.  Units: bytes, seconds, FLOPs, FLOP/s, bytes/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..specs import HardwareSpec, ModelSpec
+from ..specs.mesh import handoff_routes, snake_placement
+
+Array = Any
+
+def pytree(cls):
+    """Frozen dataclass registered as a pytree whose fields are all traced leaves."""
+    cls = dataclass(frozen=True)(cls)
+    return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
+
+
+@pytree
+class ModelParams:
+    """Numbers of a :class:`ModelSpec` the cost model needs (all scalars, traced)."""
+
+    layers: Array                 # int, transformer blocks
+    dense_layers: Array           # int, leading dense blocks (== layers for dense models)
+    hidden: Array                 # model width
+    dense_layer_params: Array     # parameters of one dense block
+    moe_layer_params: Array       # parameters of one MoE block (all experts)
+    moe_static_params: Array      # MoE block params every token touches (attention, router, shared experts)
+    moe_active_params: Array      # MoE block params one token touches (static + top-k experts)
+    expert_params: Array          # parameters of one routed expert
+    experts: Array                # routed experts per MoE block
+    experts_active: Array         # top-k
+    attention_flops_per_pair: Array  # FLOPs per (query, key) pair per block
+    kv_elements_per_token_layer: Array
+    embedding_params: Array
+    lm_head_params: Array
+    vocab: Array
+
+    @staticmethod
+    def from_spec(m: ModelSpec, dtype=jnp.float32) -> "ModelParams":
+        f = lambda v: np.asarray(v, dtype=dtype)
+        return ModelParams(
+            layers=np.asarray(m.layers, np.int32),
+            dense_layers=np.asarray(m.n_dense_layers, np.int32),
+            hidden=f(m.hidden),
+            dense_layer_params=f(m.dense_layer_params),
+            moe_layer_params=f(m.moe_layer_params),
+            moe_static_params=f(m.moe_layer_active_params - m.experts_active * m.expert_params if m.is_moe else 0),
+            moe_active_params=f(m.moe_layer_active_params),
+            expert_params=f(m.expert_params if m.is_moe else 0),
+            experts=f(m.experts),
+            experts_active=f(m.experts_active),
+            attention_flops_per_pair=f(m.attention_flops_per_pair),
+            kv_elements_per_token_layer=f(m.kv_elements_per_token_layer),
+            embedding_params=f(m.embedding_params),
+            lm_head_params=f(m.lm_head_params if not m.tied_embeddings else 0),
+            vocab=f(m.vocab),
+        )
+
+
+@pytree
+class HardwareParams:
+    """Per-die numbers of a :class:`HardwareSpec` (all scalars, traced)."""
+
+    peak_flops: Array
+    hbm_capacity: Array
+    hbm_bandwidth: Array
+    link_latency_s: Array
+    eff_gemm: Array
+    eff_attention: Array
+    eff_hbm: Array
+    eff_link: Array
+    usable_hbm_fraction: Array
+    weight_bytes: Array
+    kv_bytes: Array
+    activation_bytes: Array
+    activation_workspace_factor: Array
+    layer_overhead_s: Array
+
+    @staticmethod
+    def from_spec(h: HardwareSpec, dtype=jnp.float32) -> "HardwareParams":
+        names = [f.name for f in dataclasses.fields(HardwareParams)]
+        return HardwareParams(**{n: np.asarray(getattr(h, n), dtype=dtype) for n in names})
+
+    @property
+    def usable_hbm(self):
+        return self.hbm_capacity * self.usable_hbm_fraction
+
+
+@pytree
+class StageLayout:
+    """Where stages sit and how their hand-offs travel, padded to ``N_pad`` stages.
+
+    Fields:
+      num_stages: int scalar N (<= N_pad).
+      handoff_hops: [N_pad] hops of the route s -> s+1 (0 for s >= N-1).
+      handoff_bandwidth: [N_pad] bottleneck raw link bandwidth of that route, bytes/s
+        (1 where unused, never 0 or inf, to keep gradients and divisions finite).
+    """
+
+    num_stages: Array
+    handoff_hops: Array
+    handoff_bandwidth: Array
+
+    @staticmethod
+    def from_placement(hw: HardwareSpec, placement, n_pad: int | None = None, dtype=jnp.float32) -> "StageLayout":
+        placement = np.asarray(placement)
+        n = len(placement)
+        n_pad = n if n_pad is None else n_pad
+        if n_pad < n:
+            raise ValueError(f"stage bucket {n_pad} is smaller than {n} stages")
+        hops, bw = handoff_routes(hw, placement)
+        hops_p = np.zeros(n_pad)
+        bw_p = np.ones(n_pad)
+        hops_p[: n - 1] = hops[: n - 1]
+        bw_p[: n - 1] = bw[: n - 1]
+        return StageLayout(num_stages=np.asarray(n, np.int32), handoff_hops=hops_p.astype(dtype),
+                           handoff_bandwidth=bw_p.astype(dtype))
+
+    @staticmethod
+    def snake(hw: HardwareSpec, num_stages: int | None = None, n_pad: int | None = None, dtype=jnp.float32):
+        return StageLayout.from_placement(hw, snake_placement(hw, num_stages), n_pad, dtype)

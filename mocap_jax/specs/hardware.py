@@ -1,0 +1,158 @@
+"""Hardware specifications: a mesh of identical dies (one or more wafers) or a GPU node.
+
+:class:`HardwareSpec` holds per-die peak FLOP/s, HBM and link numbers and the efficiency
+parameters of the roofline cost model; :func:`mocap_wafer` and :func:`gpu_node` build the
+presets.  Units: bytes, seconds, FLOP/s and bytes/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .checks import SpecError
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """A mesh of identical dies (one or more wafers) or a GPU node.
+
+    Dies form a ``rows x (cols * wafers)`` grid; wafers sit side by side along the
+    column axis and the links that cross a wafer boundary have
+    ``cross_wafer_bandwidth``.  ``topology="switch"`` models a GPU node where every
+    pair of devices is one hop apart over the switch (NVLink).
+
+    Attributes (per die / device):
+      peak_flops: dense peak FLOP/s at the simulated precision.
+      hbm_capacity: bytes of HBM.
+      hbm_bandwidth: HBM bytes/s.
+      link_bandwidth: bytes/s per direction per neighbour link (D2D or NVLink).
+      cross_wafer_bandwidth: bytes/s per direction of a link crossing wafers.
+      link_latency_s: seconds per hop.
+      eff_gemm, eff_attention, eff_hbm, eff_link: achieved / peak.
+      usable_hbm_fraction: share of HBM the runtime may fill.
+      weight_bytes, kv_bytes, activation_bytes: storage precision per element.
+      activation_workspace_factor: activation buffers of an in-flight item, in
+        units of ``tokens x hidden x activation_bytes``.
+      layer_overhead_s: fixed seconds per transformer block per item (kernel
+        launches, synchronisation); 0 by default, fitted by ``mocap-jax calibrate``.
+    """
+
+    name: str
+    rows: int = 4
+    cols: int = 4
+    wafers: int = 1
+    topology: str = "mesh"
+    peak_flops: float = 4.5e15
+    hbm_capacity: float = 180e9
+    hbm_bandwidth: float = 7.7e12
+    link_bandwidth: float = 5e12
+    cross_wafer_bandwidth: float = 5e12
+    link_latency_s: float = 100e-9
+    eff_gemm: float = 0.78
+    eff_attention: float = 0.71
+    eff_hbm: float = 0.85
+    eff_link: float = 0.85
+    usable_hbm_fraction: float = 0.9
+    weight_bytes: float = 2.0
+    kv_bytes: float = 2.0
+    activation_bytes: float = 2.0
+    activation_workspace_factor: float = 8.0
+    layer_overhead_s: float = 0.0
+    description: str = ""
+
+    def __post_init__(self):
+        for f in ("rows", "cols", "wafers"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise SpecError(f"hardware {self.name!r}: {f} must be a positive integer, got {v!r}")
+        if self.topology not in ("mesh", "switch"):
+            raise SpecError(f"hardware {self.name!r}: topology must be 'mesh' or 'switch', got {self.topology!r}")
+        for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth",
+                  "weight_bytes", "kv_bytes", "activation_bytes"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
+                raise SpecError(f"hardware {self.name!r}: {f} must be a positive number, got {v!r}")
+        for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link", "usable_hbm_fraction"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise SpecError(f"hardware {self.name!r}: {f} must be in (0, 1], got {v!r}")
+        if self.link_latency_s < 0 or self.activation_workspace_factor < 0 or self.layer_overhead_s < 0:
+            raise SpecError(f"hardware {self.name!r}: link_latency_s, activation_workspace_factor and "
+                            f"layer_overhead_s must be >= 0")
+
+    @property
+    def grid_cols(self) -> int:
+        return self.cols * self.wafers
+
+    @property
+    def num_dies(self) -> int:
+        return self.rows * self.grid_cols
+
+    @property
+    def total_flops(self) -> float:
+        return self.num_dies * self.peak_flops
+
+    @property
+    def total_hbm(self) -> float:
+        return self.num_dies * self.hbm_capacity
+
+    def replace(self, **changes) -> "HardwareSpec":
+        return dataclasses.replace(self, **changes)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topology": self.topology,
+            "grid": f"{self.rows}x{self.grid_cols}" + (f" ({self.wafers} wafers)" if self.wafers > 1 else ""),
+            "dies": self.num_dies,
+            "pflops_total": self.total_flops / 1e15,
+            "hbm_tb_total": self.total_hbm / 1e12,
+            "hbm_gb_per_die": self.hbm_capacity / 1e9,
+            "hbm_tbps_per_die": self.hbm_bandwidth / 1e12,
+            "link_tbps": self.link_bandwidth / 1e12,
+            "description": self.description,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def mocap_wafer(rows: int = 4, cols: int = 4, wafers: int = 1, **changes) -> HardwareSpec:
+    """The MOCAP Blackwell-class die (DESIGN §2) on a ``rows x cols`` mesh, ``wafers`` side by side."""
+    name = f"mocap-{rows}x{cols}" + (f"x{wafers}w" if wafers > 1 else "")
+    return HardwareSpec(name=changes.pop("name", name), rows=rows, cols=cols, wafers=wafers,
+                        description=changes.pop("description", "Blackwell-class dies, 4.5 PFLOP/s FP8, 180 GB HBM, 5 TB/s D2D"),
+                        **changes)
+
+
+def gpu_node(kind: str, gpus: int = 8) -> HardwareSpec:
+    """A node of ``gpus`` GPUs behind an NVLink switch (every pair one hop)."""
+    table = {
+        # peak dense, HBM bytes, HBM B/s, NVLink B/s per direction, GEMM eff, attention eff
+        "b200": (2.25e15, 180e9, 7.7e12, 900e9, 0.78, 0.71, "B200 BF16 dense, NVLink 5"),
+        "h100": (0.989e15, 80e9, 3.35e12, 450e9, 0.80, 0.75, "H100 SXM BF16 dense, NVLink 4"),
+        "a100": (312e12, 80e9, 2.039e12, 300e9, 0.80, 0.70, "A100 SXM 80GB BF16 dense, NVLink 3"),
+    }
+    peak, cap, bw, link, eg, ea, desc = table[kind]
+    return HardwareSpec(name=f"{kind}-x{gpus}", rows=1, cols=gpus, topology="switch", peak_flops=peak,
+                        hbm_capacity=cap, hbm_bandwidth=bw, link_bandwidth=link, cross_wafer_bandwidth=link,
+                        link_latency_s=1e-6, eff_gemm=eg, eff_attention=ea, eff_link=0.85, description=desc)
+
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    h.name: h
+    for h in [
+        mocap_wafer(4, 4),
+        mocap_wafer(2, 2),
+        mocap_wafer(2, 4),
+        mocap_wafer(6, 6),
+        mocap_wafer(8, 8),
+        mocap_wafer(4, 4, wafers=2),
+        gpu_node("b200"),
+        gpu_node("h100"),
+        gpu_node("a100"),
+    ]
+}

@@ -1,0 +1,101 @@
+"""Resolving what the user named: a preset, a ``mocap-RxC`` mesh, a JSON/TOML spec file, or a spec object."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from .checks import SpecError, suggest
+from .hardware import HARDWARE_PRESETS, HardwareSpec, mocap_wafer
+from .model import MODEL_ALIASES, MODEL_PRESETS, ModelSpec
+
+
+def _load_file(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read spec file {str(path)!r}: {e.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            return tomllib.loads(text.decode("utf-8-sig"))
+        return json.loads(text.decode("utf-8-sig"))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(f"spec file {str(path)!r} is not valid {path.suffix.lstrip('.').upper() or 'JSON'}: {e}") from None
+
+
+def _from_mapping(cls, data: Mapping[str, Any], origin: str):
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{origin}: expected a table/object of fields, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"{origin}: unknown field(s) {unknown}.{suggest(unknown[0], names, 0.4)} "
+                        f"Known fields: {sorted(names)}")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in data and k != "name"]
+    if missing:
+        raise SpecError(f"{origin}: missing required field(s) {missing}")
+    kwargs = dict(data)
+    kwargs.setdefault("name", Path(origin).stem)
+    for f in dataclasses.fields(cls):
+        if f.name in kwargs and f.type in ("float", "float | None") and isinstance(kwargs[f.name], int) \
+                and not isinstance(kwargs[f.name], bool):
+            kwargs[f.name] = float(kwargs[f.name])
+    try:
+        return cls(**kwargs)
+    except SpecError as e:
+        raise SpecError(f"{origin}: {e}") from None
+    except TypeError as e:
+        raise SpecError(f"{origin}: {e}") from None
+
+
+def _parse_mesh_name(name: str) -> HardwareSpec | None:
+    """``mocap-RxC`` or ``mocap-RxCxWw`` (W wafers side by side)."""
+    m = re.fullmatch(r"mocap-(\d+)x(\d+)(?:x(\d+)w)?", name)
+    if not m:
+        return None
+    r, c, w = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
+    if min(r, c, w) <= 0:
+        raise SpecError(f"hardware {name!r}: rows, cols and wafers must be positive")
+    return mocap_wafer(r, c, wafers=w)
+
+
+def get_model(name_or_spec: "str | ModelSpec | Path") -> ModelSpec:
+    """Resolve a preset name, a path to a JSON/TOML file, or pass a ModelSpec through."""
+    if isinstance(name_or_spec, ModelSpec):
+        return name_or_spec
+    name = str(name_or_spec)
+    key = name.lower()
+    key = MODEL_ALIASES.get(key, key)
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    p = Path(name)
+    if p.suffix.lower() in (".json", ".toml"):
+        data = _load_file(p)
+        return _from_mapping(ModelSpec, data.get("model", data), str(p))
+    raise SpecError(f"unknown model {name!r}.{suggest(key, list(MODEL_PRESETS) + list(MODEL_ALIASES), 0.4)} "
+                    f"Run `mocap-jax models` for the list, or pass a .json/.toml spec file.")
+
+
+def get_hardware(name_or_spec: "str | HardwareSpec | Path") -> HardwareSpec:
+    """Resolve a preset name (also any ``mocap-RxC`` / ``mocap-RxCxWw``), a spec file, or a HardwareSpec."""
+    if isinstance(name_or_spec, HardwareSpec):
+        return name_or_spec
+    name = str(name_or_spec)
+    key = name.lower()
+    if key in HARDWARE_PRESETS:
+        return HARDWARE_PRESETS[key]
+    mesh = _parse_mesh_name(key)
+    if mesh is not None:
+        return mesh
+    p = Path(name)
+    if p.suffix.lower() in (".json", ".toml"):
+        data = _load_file(p)
+        return _from_mapping(HardwareSpec, data.get("hardware", data), str(p))
+    raise SpecError(f"unknown hardware {name!r}.{suggest(key, HARDWARE_PRESETS, 0.4)} "
+                    f"Run `mocap-jax hardware` for the list, use mocap-RxC for any mesh, or pass a .json/.toml spec file.")
