@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..specs import HardwareSpec, ModelSpec
-from ..specs.mesh import handoff_routes, snake_placement
+from ..specs.mesh import handoff_routes, shared_handoff_bandwidth, snake_placement
 
 Array = Any
 
@@ -46,6 +46,9 @@ class ModelParams:
     embedding_params: Array
     lm_head_params: Array
     vocab: Array
+    attention_buffer_elements: Array  # activation elements per token of an attention block over a chunk
+    dense_mlp_buffer_elements: Array  # activation elements per token of a dense MLP block's intermediates
+    moe_mlp_buffer_elements: Array    # the same for an MoE block (0 for dense models)
 
     @staticmethod
     def from_spec(m: ModelSpec, dtype=jnp.float32) -> "ModelParams":
@@ -66,6 +69,9 @@ class ModelParams:
             embedding_params=f(m.embedding_params),
             lm_head_params=f(m.lm_head_params if not m.tied_embeddings else 0),
             vocab=f(m.vocab),
+            attention_buffer_elements=f(m.attention_buffer_elements),
+            dense_mlp_buffer_elements=f(m.mlp_buffer_elements(False)),
+            moe_mlp_buffer_elements=f(m.mlp_buffer_elements(True) if m.is_moe else 0),
         )
 
 
@@ -85,7 +91,8 @@ class HardwareParams:
     weight_bytes: Array
     kv_bytes: Array
     activation_bytes: Array
-    activation_workspace_factor: Array
+    mlp_token_tile: Array            # tokens per MLP / LM-head tile (0: untiled)
+    activation_buffer_scale: Array   # multiplier on the activation buffers
     layer_overhead_s: Array
 
     @staticmethod
@@ -105,8 +112,9 @@ class StageLayout:
     Fields:
       num_stages: int scalar N (<= N_pad).
       handoff_hops: [N_pad] hops of the route s -> s+1 (0 for s >= N-1).
-      handoff_bandwidth: [N_pad] bottleneck raw link bandwidth of that route, bytes/s
-        (1 where unused, never 0 or inf, to keep gradients and divisions finite).
+      handoff_bandwidth: [N_pad] bytes/s of that route while every hand-off runs at once (links
+        shared among the hand-off routes that use them; 1 where unused, never 0 or inf, to keep
+        divisions finite).
     """
 
     num_stages: Array
@@ -120,13 +128,11 @@ class StageLayout:
         n_pad = n if n_pad is None else n_pad
         if n_pad < n:
             raise ValueError(f"stage bucket {n_pad} is smaller than {n} stages")
-        hops, bw = handoff_routes(hw, placement)
+        hops, _ = handoff_routes(hw, placement)
         hops_p = np.zeros(n_pad)
-        bw_p = np.ones(n_pad)
         hops_p[: n - 1] = hops[: n - 1]
-        bw_p[: n - 1] = bw[: n - 1]
         return StageLayout(num_stages=np.asarray(n, np.int32), handoff_hops=hops_p.astype(dtype),
-                           handoff_bandwidth=bw_p.astype(dtype))
+                           handoff_bandwidth=shared_handoff_bandwidth(hw, placement, n_pad, dtype))
 
     @staticmethod
     def snake(hw: HardwareSpec, num_stages: int | None = None, n_pad: int | None = None, dtype=jnp.float32):

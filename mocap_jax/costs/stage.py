@@ -164,12 +164,38 @@ def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages,
     return (dense + moe) * model.kv_elements_per_token_layer * hw.kv_bytes
 
 
-def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c, b, stage_axis: int = -1):
-    """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``
-    (``stage_axis`` as in :func:`stage_times`)."""
+def item_activation_bytes(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, last, n_pad: int,
+                          xp=jnp, stage_axis: int = -1):
+    """Activation buffers of an in-flight item on each stage, ``[..., N_pad]`` bytes.
+
+    A stage runs its blocks one after another and reuses their buffers, so an item needs the
+    largest block's buffers (the KV it writes is counted apart, as KV):
+
+    * an attention block runs over the whole chunk of ``b x c`` request-tokens and holds, per
+      token, the residual stream, the queries and the attention output
+      (``ModelParams.attention_buffer_elements``; FlashAttention-style kernels never hold the
+      score matrix);
+    * an MLP block holds the residual stream of the whole chunk and the intermediates of
+      ``min(b x c, mlp_token_tile)`` tokens (the whole chunk when the tile is 0): gate and up
+      projections and the output (``*_mlp_buffer_elements``).  Engines for prefill-only serving run the MLP over token tiles
+      while attention stays whole (PrefillOnly's hybrid prefilling), because the MLP
+      intermediates are the largest tensors of a prefill;
+    * on the last stage the LM head's logits for one token per request (``b x vocab``), on the
+      item that ends its requests.
+
+    Everything is scaled by ``activation_buffer_scale`` and stored at ``activation_bytes``.
+    """
+    sv = lambda v: _stage_vector(v, stage_axis)
+    dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
     tokens = _with_stage_axis(b * c, stage_axis)
-    return tokens * _stage_vector(kv_per_token, stage_axis) + \
-        hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes
+    bb = _with_stage_axis(b, stage_axis)
+    tile = xp.where(hw.mlp_token_tile > 0, xp.minimum(tokens, hw.mlp_token_tile), tokens)
+    mlp = xp.maximum(xp.where(dense > 0, model.dense_mlp_buffer_elements, 0.0),
+                     xp.where(moe > 0, model.moe_mlp_buffer_elements, 0.0))
+    s = sv(xp.arange(n_pad))
+    head = xp.where((s == layout.num_stages - 1) & _with_stage_axis(last, stage_axis), bb * model.vocab, 0.0)
+    elements = xp.maximum(tokens * model.attention_buffer_elements, tokens * model.hidden + tile * mlp) + head
+    return xp.where(s < layout.num_stages, hw.activation_buffer_scale * elements * hw.activation_bytes, 0.0)
 
 
 def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp,

@@ -8,10 +8,10 @@ presets.  Units: bytes, seconds, FLOP/s and bytes/s.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import checks
 from .checks import SpecError
 
 
@@ -34,8 +34,12 @@ class HardwareSpec:
       eff_gemm, eff_attention, eff_hbm, eff_link: achieved / peak.
       usable_hbm_fraction: share of HBM the runtime may fill.
       weight_bytes, kv_bytes, activation_bytes: storage precision per element.
-      activation_workspace_factor: activation buffers of an in-flight item, in
-        units of ``tokens x hidden x activation_bytes``.
+      mlp_token_tile: tokens the engine runs the MLP (and LM head) over at a time, so their
+        intermediate tensors are bounded by the tile rather than by the chunk (hybrid
+        prefilling); 0 runs them over the whole chunk (untiled).  Attention always runs over
+        the whole chunk.  See :func:`mocap_jax.costs.stage.item_workspace_bytes`.
+      activation_buffer_scale: multiplier on those activation buffers (1 = the tensors stated
+        there, 0 = activations take no memory).
       layer_overhead_s: fixed seconds per transformer block per item (kernel
         launches, synchronisation); 0 by default, fitted by ``mocap-jax calibrate``.
     """
@@ -59,29 +63,33 @@ class HardwareSpec:
     weight_bytes: float = 2.0
     kv_bytes: float = 2.0
     activation_bytes: float = 2.0
-    activation_workspace_factor: float = 8.0
+    mlp_token_tile: int = 4096
+    activation_buffer_scale: float = 1.0
     layer_overhead_s: float = 0.0
     description: str = ""
 
     def __post_init__(self):
+        where = f"hardware {self.name!r}"
         for f in ("rows", "cols", "wafers"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"hardware {self.name!r}: {f} must be a positive integer, got {v!r}")
-        if self.topology not in ("mesh", "switch"):
-            raise SpecError(f"hardware {self.name!r}: topology must be 'mesh' or 'switch', got {self.topology!r}")
-        for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth",
-                  "weight_bytes", "kv_bytes", "activation_bytes"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
-                raise SpecError(f"hardware {self.name!r}: {f} must be a positive number, got {v!r}")
+            checks.integer(f"{where}: {f}", getattr(self, f), 1, checks.LIMITS["dies"])
+        if self.num_dies > checks.LIMITS["dies"]:
+            raise SpecError(f"{where}: {self.num_dies:,} dies exceed the largest mesh the simulator represents, "
+                            f"{checks.LIMITS['dies']:,} dies")
+        checks.choice(f"{where}: topology", self.topology, ("mesh", "switch"))
+        for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth"):
+            checks.positive(f"{where}: {f}", getattr(self, f))
+        for f in ("weight_bytes", "kv_bytes", "activation_bytes"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, 16.0, lo_open=True,
+                          hint=" Bytes per stored element, e.g. 2 for BF16, 1 for FP8.")
         for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link", "usable_hbm_fraction"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise SpecError(f"hardware {self.name!r}: {f} must be in (0, 1], got {v!r}")
-        if self.link_latency_s < 0 or self.activation_workspace_factor < 0 or self.layer_overhead_s < 0:
-            raise SpecError(f"hardware {self.name!r}: link_latency_s, activation_workspace_factor and "
-                            f"layer_overhead_s must be >= 0")
+            checks.fraction(f"{where}: {f}", getattr(self, f), open_low=True)
+        for f in ("link_latency_s", "layer_overhead_s"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, checks.LIMITS["latency_s"])
+        checks.integer(f"{where}: mlp_token_tile", self.mlp_token_tile, 0, checks.LIMITS["seq_len"],
+                       hint=" Tokens per MLP tile, or 0 for untiled.")
+        checks.number(f"{where}: activation_buffer_scale", self.activation_buffer_scale, 0.0, 64.0)
+        if not isinstance(self.description, str):
+            raise SpecError(f"{where}: description must be a string")
 
     @property
     def grid_cols(self) -> int:

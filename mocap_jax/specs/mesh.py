@@ -13,6 +13,8 @@ every pair of distinct devices is one hop apart over its own NVLink port.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .hardware import HardwareSpec
@@ -117,3 +119,52 @@ def link_loads(hw: HardwareSpec, transfers: list[tuple[int, int]], weights=None)
         for l in xy_route(hw, a, b):
             loads[l] = loads.get(l, 0.0) + float(w)
     return loads
+
+
+def route_matrices(hw: HardwareSpec, placement, pairs=None, n_pad: int | None = None, dtype=np.float32):
+    """Hops and bandwidth of the route between every two stages when transfers share links,
+    ``([N_pad, N_pad], [N_pad, N_pad])``.
+
+    The transfers that run at once are every pipeline hand-off (stage s -> s+1) and the given
+    stage ``pairs`` (both directions, each pair once); a route's bandwidth is the smallest over
+    its links of ``link bandwidth / transfers using the link``.  Padding and the diagonal hold 0
+    hops and bandwidth 1.  Memoised; callers get fresh copies.
+    """
+    placement = tuple(int(d) for d in np.asarray(placement))
+    n_pad = len(placement) if n_pad is None else int(n_pad)
+    key = None if pairs is None else tuple(sorted({tuple(sorted((int(a), int(b)))) for a, b in pairs}))
+    hops, bw = _route_matrices(hw, placement, key, n_pad, np.dtype(dtype).str)
+    return hops.copy(), bw.copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _route_matrices(hw: HardwareSpec, placement: tuple, pairs: tuple | None, n_pad: int, dtype: str):
+    n = len(placement)
+    routes = [(placement[s], placement[s + 1]) for s in range(n - 1)]
+    for a, b in pairs or ():
+        if a != b and 0 <= a < n and 0 <= b < n:
+            routes += [(placement[a], placement[b]), (placement[b], placement[a])]
+    share: dict = {}
+    for a, b in routes:
+        for link in xy_route(hw, a, b):
+            share[link] = share.get(link, 0) + 1
+    hops = np.zeros((n_pad, n_pad))
+    bw = np.ones((n_pad, n_pad))
+    hm = hop_matrix(hw)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                a, b = placement[i], placement[j]
+                hops[i, j] = hm[a, b]
+                bw[i, j] = min(link_bandwidth(hw, link) / max(share.get(link, 0), 1) for link in xy_route(hw, a, b))
+    return hops.astype(dtype), bw.astype(dtype)
+
+
+def shared_handoff_bandwidth(hw: HardwareSpec, placement, n_pad: int | None = None, dtype=np.float32) -> np.ndarray:
+    """``[N_pad]`` bytes/s of each hand-off route s -> s+1 while every hand-off runs at once (links
+    shared among the hand-off routes that use them); 1 where there is no hand-off."""
+    n = len(placement)
+    _, bw = route_matrices(hw, placement, None, n_pad, dtype)
+    out = np.ones(bw.shape[0], dtype)
+    out[: n - 1] = bw[np.arange(n - 1), np.arange(1, n)]
+    return out
