@@ -139,8 +139,12 @@ def timeline(times, handoff, shape: SimShape):
     return f.reshape(E, N)
 
 
-class _Structure:
-    """Per-configuration quantities every pass reads (computed once)."""
+class Structure:
+    """Per-configuration quantities every pass reads, computed once: one batch's times ``t``,
+    hand-offs ``d``, KV ``kv``, activation bytes ``activation`` and attention seconds
+    ``attention`` (``[K, N]``), the same over the timeline (``*_all`` ``[E, N]``), weights
+    ``[N]``, usable HBM, and the timeline's group structure (``ends [G]`` group-end slots,
+    ``group [E]`` group slot of each item, ``group_first [E]`` first slot of each item's group)."""
 
     def __init__(self, point: Point, shape: SimShape):
         K, N, nb = shape.items, shape.stages, shape.batches
@@ -174,7 +178,7 @@ class _Structure:
         self.group_first = jnp.tile(first, nb) + offsets
 
 
-def _summary(s: _Structure, finish, times, shape: SimShape):
+def _summary(s: Structure, finish, times, shape: SimShape):
     """Latency, saturation throughput, bubbles and utilisation of batch 0 on a timeline."""
     K = shape.items
     dt = times.dtype
@@ -191,7 +195,7 @@ def _filled(release, ends):
     return jax.lax.cummax(jnp.where((ends >= 0)[:, None], release, -jnp.inf), axis=0)
 
 
-def _mbkr_pass(s: _Structure, point: Point, shape: SimShape, finish, times):
+def _mbkr_pass(s: Structure, point: Point, shape: SimShape, finish, times):
     """Spills decided on the timeline ``finish`` (item times ``times``) and their costs."""
     mb, hw = point.mbkr, point.hardware
     start = finish - times
@@ -211,7 +215,7 @@ def _mbkr_pass(s: _Structure, point: Point, shape: SimShape, finish, times):
 
 def evaluate(point: Point, shape: SimShape) -> Evaluation:
     """EvaluatePrefill of one configuration (see the module docstring)."""
-    s = _Structure(point, shape)
+    s = Structure(point, shape)
     dt = s.t.dtype
     N = shape.stages
     finish = timeline(s.t_all, s.d_all, shape)

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .specs import mesh
-from .mbkr import STATIC_PAIRING_CODE, partner_of
-from .specs import HardwareSpec
+from ..specs import mesh
+from .pairing import STATIC_PAIRING_CODE, partner_of
+from ..specs import HardwareSpec
 
 EXHAUSTIVE_MAX_DIES = 8
 
