@@ -6,8 +6,9 @@
    For a cap ``T`` on ``max t``, a DP over (chunks used, tokens covered) minimises
    ``sum t``; caps are evaluated as one vmapped batch at a time, in ascending order,
    until no larger cap can win (``dp_inf + (N-1) T >= best``), so the result is exact.
-   :func:`terapipe_dp` is TeraPipe's own partitioning: the same proxy with the number
-   of chunks free.
+   :func:`terapipe_dp` is TeraPipe's own partitioning of one group of requests: the same
+   proxy with the number of chunks free (:mod:`mocap_jax.partition.terapipe` also splits
+   a batch into groups).
 2. :func:`anneal` refines a partition under any batched objective: one-boundary moves
    by multiples of ``g``, Metropolis acceptance, geometric cooling, thousands of
    chains as one vmapped program, deterministic for a seed.
@@ -78,13 +79,17 @@ def _dp_fixed(C, chunks: int, cap):
     return dp[-1], back
 
 
-def _dp_free(C, cap):
-    """TeraPipe: min sum t over partitions of [0, U] into any number of chunks with t <= cap."""
-    Cc = jnp.where(C <= cap, C, jnp.inf)
+def free_slicing_dp(C, cap):
+    """TeraPipe's slicing: min sum t over partitions of [0, U] into any number of chunks with every t <= cap.
+
+    ``C [U + 1, U + 1]`` a cost table, ``cap`` scalar seconds.  Returns ``(min_sum, back[U + 1])``
+    with ``back[x]`` the start of the last chunk of the best partition of ``[0, x)``.  The cap masks one
+    column per step, so a vmap over caps (and tables) never holds a masked copy of the whole table.
+    """
     U1 = C.shape[0]
 
     def step(dp, x):
-        cand = dp + Cc[:, x]
+        cand = dp + jnp.where(C[:, x] <= cap, C[:, x], jnp.inf)
         return dp.at[x].set(jnp.where(x == 0, 0.0, jnp.min(cand))), jnp.argmin(cand)
 
     dp, back = jax.lax.scan(step, jnp.full((U1,), jnp.inf, C.dtype), jnp.arange(U1))
@@ -93,8 +98,8 @@ def _dp_free(C, cap):
 
 _dp_fixed_caps = jax.jit(jax.vmap(_dp_fixed, in_axes=(None, None, 0)), static_argnums=1)
 _dp_fixed_one = jax.jit(_dp_fixed, static_argnums=1)
-_dp_free_caps = jax.jit(jax.vmap(_dp_free, in_axes=(None, 0)))
-_dp_free_one = jax.jit(_dp_free)
+_dp_free_caps = jax.jit(jax.vmap(free_slicing_dp, in_axes=(None, 0)))
+_dp_free_one = jax.jit(free_slicing_dp)
 
 
 class DPResult(NamedTuple):
@@ -154,15 +159,18 @@ def proxy_dp(C: np.ndarray, chunks: int, num_stages: int, granularity: int, batc
 def terapipe_dp(C: np.ndarray, num_stages: int, granularity: int, batch_caps: int = 64) -> DPResult:
     """TeraPipe's partitioning: the proxy optimum over any number of chunks."""
     C = np.asarray(C)
-    U = C.shape[0] - 1
     best, cap, evaluated = _search_caps(C, lambda c, caps: _dp_free_caps(c, caps)[0], num_stages, batch_caps)
     _, back = _dp_free_one(jnp.asarray(C), jnp.asarray(cap, C.dtype))
-    back = np.asarray(back)
-    bounds = [U]
+    return DPResult(slicing_from_back(np.asarray(back), granularity), best, cap, evaluated)
+
+
+def slicing_from_back(back: np.ndarray, granularity: int) -> np.ndarray:
+    """Chunk sizes (tokens, ``int64 [M]``) of the best partition of ``[0, U]`` from the backpointers
+    ``back[U + 1]`` of :func:`free_slicing_dp`."""
+    bounds = [back.shape[0] - 1]
     while bounds[-1] > 0:
         bounds.append(int(back[bounds[-1]]))
-    part = np.diff(bounds[::-1]) * granularity
-    return DPResult(part.astype(np.int64), best, cap, evaluated)
+    return (np.diff(bounds[::-1]) * granularity).astype(np.int64)
 
 
 def proxy_objective(C: np.ndarray, partition_units, num_stages: int) -> np.ndarray:
