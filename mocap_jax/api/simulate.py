@@ -11,6 +11,7 @@ import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.evaluate import Structure, evaluate
+from ..prefill.points import replace_items
 from ..schedule import memory
 from ..schedule.shape import MBKRMode, SimShape
 from ..specs import LIMITS, checks
@@ -92,15 +93,13 @@ class SimResult:
         return d
 
 
-def occupancy_timeline(ev, cfg: Config, shape: SimShape, points: int = 1024):
+def occupancy_timeline(ev, point, n: int, shape: SimShape, points: int = 1024):
     """Per-stage KV (own, hosted, being written) and memory over time from one evaluation.
 
     Returns ``(times [T], kv [T, N], mem [T, N])`` at every distinct start and finish time (at most
     ``points`` of them, evenly subsampled), each stage's level just after it.
     """
-    n, K, nb = cfg.stages, shape.items, shape.batches
     start, finish = np.asarray(ev.start), np.asarray(ev.finish)
-    point = cfg.point(K)
     s = Structure(point, shape)
     kv, act = np.asarray(s.kv_all), np.asarray(s.act_all)
     ends = np.asarray(s.ends)
@@ -174,11 +173,21 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
     return run(cfg, timeline=timeline)
 
 
-def run(cfg: Config, timeline: bool = True) -> SimResult:
-    """Evaluate a resolved configuration and wrap the result."""
-    shape = cfg.shape()
-    ev = jax.device_get(_evaluate_one(cfg.point(), shape))
-    n, k1, K, nb = cfg.stages, cfg.items_per_batch, shape.items, cfg.num_batches
+def run(cfg: Config, timeline: bool = True, items=None) -> SimResult:
+    """Evaluate a resolved configuration and wrap the result.
+
+    ``items``: optionally ``(item table, slots)`` replacing the configuration's own items (e.g. a
+    TeraPipe plan of several request groups); the table must carry ``cfg.batch`` requests.
+    """
+    if items is None:
+        shape, point, k1 = cfg.shape(), cfg.point(), cfg.items_per_batch
+    else:
+        table, slots = items
+        shape = cfg.shape(slots)._replace(groups=slots)
+        point = replace_items(cfg.point(slots), table)
+        k1 = int(np.sum(table.valid))
+    ev = jax.device_get(_evaluate_one(point, shape))
+    n, K, nb = cfg.stages, shape.items, cfg.num_batches
     rows = (np.arange(nb)[:, None] * K + np.arange(k1)[None, :]).reshape(-1)
     finish, start = np.asarray(ev.finish)[rows, :n], np.asarray(ev.start)[rows, :n]
     extra: dict = {"items_per_batch": k1}
@@ -195,11 +204,12 @@ def run(cfg: Config, timeline: bool = True) -> SimResult:
                      spill_host=np.asarray(ev.host)[rows, :n])
     times = kv_t = mem_t = None
     if timeline:
-        times, kv_t, mem_t = occupancy_timeline(ev, cfg, shape)
+        times, kv_t, mem_t = occupancy_timeline(ev, point, cfg.stages, shape)
     gpipe = cfg.scheme == "gpipe"
     return SimResult(
         scheme=cfg.scheme, model=cfg.model.name, hardware=cfg.hardware.name, seq_len=cfg.seq_len, batch=cfg.batch,
-        chunks=1 if gpipe else len(cfg.partition), partition=np.full(1, cfg.seq_len) if gpipe else cfg.partition,
+        chunks=1 if gpipe else k1, partition=np.full(1, cfg.seq_len) if gpipe else (
+            cfg.partition if items is None else np.asarray(items[0].tokens)[:k1]),
         release=cfg.release.value, admission=cfg.admission.value, num_batches=nb, placement=cfg.placement,
         feasible=bool(ev.feasible), prefill_latency_s=float(ev.prefill_latency_s), raw_latency_s=float(ev.raw_latency_s),
         throughput_rps=float(ev.throughput_rps), period_s=float(ev.period_s), bubble_fraction=float(ev.bubble_fraction),

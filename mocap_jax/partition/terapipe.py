@@ -52,12 +52,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import api, lbcp
+from ..api.config import check_dtype, check_stages
 from ..costs import HardwareParams, ModelParams, StageLayout
-from ..lbcp import chunk_cost_matrix, free_slicing_dp, slicing_from_back
-from ..schedule import ItemTable, SimShape, bucket, evaluate_one
+from ..prefill.evaluate import evaluate
+from ..prefill.points import build_point
+from ..schedule.items import ItemTable, item_table, pad_items
+from ..schedule.shape import SimShape, bucket
 from ..specs import LIMITS, get_hardware, get_model
 from ..specs.checks import integer
+from ..specs.mesh import snake_placement
+from .dp import check_granularity, chunk_cost_matrix, free_slicing_dp, slicing_from_back, terapipe_dp
 
 #: group sizes whose cost tables are built in one vectorised step: bounds the stage-time
 #: intermediate (``[TABLE_BATCH, U + 1, U + 1, N_pad]``) for large batches
@@ -198,32 +202,25 @@ def latency_model(tables, groups, slicings, num_stages: int, granularity: int) -
 
 
 def terapipe_items(plan: TeraPipePlan, k_pad: int) -> ItemTable:
-    """Host-side (NumPy) items of a TeraPipe plan, padded to ``k_pad``: the groups one after the other,
-    each group's slices in order, every item carrying its group's requests.
+    """Host-side items of a TeraPipe plan, padded to ``k_pad``: the groups one after the other, each
+    group's slices in order, every item carrying its group's requests.
 
-    Simulated (:func:`mocap_jax.schedule.evaluate`, one batch) the plan's latency equals its
-    ``objective`` only where the closed form ``sum(t) + (N - 1) max(t)`` holds: hand-offs cost
-    nothing and each item takes the same time on every stage.  Otherwise the simulator's latency is
-    the pipeline recurrence over per-stage times and hand-off delays, which the latency model does
-    not see.
+    Simulated for one batch, the plan's latency equals its ``objective`` only where the closed form
+    ``sum(t) + (N - 1) max(t)`` holds: hand-offs cost nothing and each item takes the same time on
+    every stage.  Otherwise the simulator's latency is the pipeline recurrence over per-stage times
+    and hand-off delays, which the latency model does not see.
     """
-    lengths = np.array([len(s) for s in plan.slicings])
+    lengths = np.array([len(x) for x in plan.slicings])
     items = int(lengths.sum())
     if items > k_pad:
         raise ValueError(f"the plan has {items} items but k_pad is {k_pad}; pass k_pad >= {items} "
                          f"(e.g. {bucket(items)})")
-    ends = np.cumsum(lengths) - 1
-    pad = lambda x, fill=0: np.concatenate([x, np.full(k_pad - items, fill, x.dtype)])
-    last = np.zeros(items, bool)
-    last[ends] = True
-    return ItemTable(tokens=pad(np.concatenate(plan.slicings).astype(np.int32)),
-                     prefix=pad(np.concatenate([np.cumsum(s) - s for s in plan.slicings]).astype(np.int32)),
-                     requests=pad(np.repeat(plan.groups, lengths).astype(np.int32)),
-                     last=pad(last, False), valid=np.arange(k_pad) < items,
-                     group_last=pad(np.repeat(ends, lengths).astype(np.int32), items - 1))
+    table = item_table(np.concatenate(plan.slicings).astype(np.int64), np.repeat(plan.groups, lengths),
+                       np.repeat(np.arange(len(lengths)), lengths))
+    return pad_items(table, k_pad)
 
 
-class _Setting(NamedTuple):
+class CostSetting(NamedTuple):
     """A validated configuration and its cost tables (host values)."""
 
     model: object
@@ -236,18 +233,18 @@ class _Setting(NamedTuple):
     tables: np.ndarray
 
 
-def _setting(model, hardware, seq_len, batch, granularity, stages, dtype) -> _Setting:
+def cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype) -> CostSetting:
     m, hw = get_model(model), get_hardware(hardware)
     S = integer("seq_len", seq_len, 1, LIMITS["seq_len"])
     B = integer("batch", batch, 1, LIMITS["batch"])
     g = integer("granularity", granularity, 1, LIMITS["seq_len"])
-    U = lbcp.check_granularity(S, None, g)
-    dt = api._dtype(dtype)
-    n = api.check_stages(m, hw, stages)
+    U = check_granularity(S, None, g)
+    dt = check_dtype(dtype)
+    n = check_stages(m, hw, stages)
     n_pad = bucket(n)
     tables = cost_tables(ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt),
                          StageLayout.snake(hw, n, n_pad, dt), U, g, B, n_pad)
-    return _Setting(m, hw, B, g, n, n_pad, dt, tables)
+    return CostSetting(m, hw, B, g, n, n_pad, dt, tables)
 
 
 def plan_terapipe(model, hardware, seq_len: int, batch: int, *, granularity: int = 256, stages: int | None = None,
@@ -255,13 +252,13 @@ def plan_terapipe(model, hardware, seq_len: int, batch: int, *, granularity: int
     """TeraPipe's optimal plan (batch split, slicings) of ``batch`` requests of ``seq_len`` tokens on
     ``stages`` pipeline stages (default: every die) of ``hardware``, slices in multiples of
     ``granularity`` tokens, on this package's cost model (bottleneck-stage time of each slice)."""
-    s = _setting(model, hardware, seq_len, batch, granularity, stages, dtype)
+    s = cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype)
     return plan_tables(s.tables, s.batch, s.stages, s.granularity, batch_caps)
 
 
 def versus_one_group(model="llama3-70b", hardware="mocap-4x4", seq_len: int = 8192, batch: int = 8, *,
                      granularity: int = 256, stages: int | None = None, dtype="float32") -> dict:
-    """TeraPipe's latency model of the one-group plan (:func:`mocap_jax.lbcp.terapipe_dp` on the table
+    """TeraPipe's latency model of the one-group plan (:func:`mocap_jax.partition.dp.terapipe_dp` on the table
     of the whole batch) against the batch-splitting plan on the same tables, with both plans'
     simulated single-batch prefill latency (streaming admission, snake placement, stage release,
     hand-offs and per-stage times as the cost model has them; ``raw`` ignores memory, ``feasible``
@@ -269,19 +266,19 @@ def versus_one_group(model="llama3-70b", hardware="mocap-4x4", seq_len: int = 81
 
     Returns a dict of plain values (seconds, request counts, tokens).
     """
-    s = _setting(model, hardware, seq_len, batch, granularity, stages, dtype)
+    s = cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype)
     t0 = time.perf_counter()
     split = plan_tables(s.tables, s.batch, s.stages, s.granularity)
     wall = time.perf_counter() - t0
-    one = lbcp.terapipe_dp(s.tables[s.batch - 1], s.stages, s.granularity)
+    one = terapipe_dp(s.tables[s.batch - 1], s.stages, s.granularity)
     one_plan = TeraPipePlan((s.batch,), (one.partition,), one.objective, one.cap, one.caps_evaluated)
-    placement = api.check_placement(s.hardware, None, s.stages)
+    placement = snake_placement(s.hardware, s.stages)
 
     def describe(plan):
         k_pad = bucket(sum(len(x) for x in plan.slicings))
-        point = api._point(s.model, s.hardware, terapipe_items(plan, k_pad), placement, s.n_pad, "streaming",
-                           "stage", s.dtype)
-        out = evaluate_one(point, SimShape(k_pad=k_pad, n_pad=s.n_pad, num_batches=1))
+        point = build_point(s.model, s.hardware, terapipe_items(plan, k_pad), placement, s.n_pad, s.dtype)
+        out = jax.jit(evaluate, static_argnums=1)(point, SimShape(items=k_pad, stages=s.n_pad, groups=k_pad))
+        out = {"raw_latency_s": out.raw_latency_s, "feasible": out.feasible}
         return {"groups": list(plan.groups), "slices": [len(x) for x in plan.slicings],
                 "slicings": [x.tolist() for x in plan.slicings], "objective_s": plan.objective, "cap_s": plan.cap,
                 "caps_evaluated": plan.caps_evaluated, "simulated_raw_latency_s": float(out["raw_latency_s"]),

@@ -232,11 +232,19 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
                       host=jnp.full(s.t_all.shape, -1, jnp.int32), overflow=jnp.zeros((), bool))
     if shape.mbkr != MBKRMode.OFF:
         plain = (finish, times, peak, kv_peak, feasible)
-        m_finish, m_times = finish, times
-        for _ in range(shape.passes):
+
+        def one_pass(_, carry):
+            """Spills decided on the previous pass's timeline, and the timeline their costs give."""
+            m_finish, m_times, _, _ = carry
             spills, cost = _mbkr_pass(s, point, shape, m_finish, m_times)
             m_times = s.t_all + cost.extra
-            m_finish = timeline(m_times, s.d_all, shape)
+            return timeline(m_times, s.d_all, shape), m_times, spills, cost
+
+        # a loop rather than straight-line passes: one copy of the spill program to compile
+        spills0, cost0 = jax.eval_shape(lambda: _mbkr_pass(s, point, shape, finish, times))
+        zeros = lambda tree: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
+        m_finish, m_times, spills, cost = jax.lax.fori_loop(0, shape.passes, one_pass,
+                                                            (finish, times, zeros(spills0), zeros(cost0)))
         m_feasible = ~spills.overflow & jnp.all((spills.peak <= s.usable * (1 + FIT_TOLERANCE)) | ~s.live)
         keep_plain = feasible if shape.spill == Spill.OVERFLOW else jnp.zeros((), bool)
         pick = lambda a, b: jnp.where(keep_plain, a, b)

@@ -1,0 +1,206 @@
+"""Simulated annealing over thousands of chains at once: the one annealer of the package.
+
+A search is a hashable *problem* (evosax style: static structure in the object, numbers in a
+``ctx`` pytree) with two methods:
+
+* ``propose(key, x, ctx) -> (x_new, valid)`` -- one move of one chain's state ``x`` (an int
+  vector, e.g. chunk sizes in units, or a die permutation);
+* ``evaluate(xs, ctx, aux) -> (values, aux)`` -- the objective of ``[C, D]`` states at once
+  (lower is better, ``inf`` = infeasible), given and returning one int of auxiliary state per
+  chain (``aux [C]``: what the problem knows about each chain's current state that helps
+  evaluate its neighbours, e.g. its largest feasible batch; kept only for accepted moves).
+
+:func:`init` evaluates the starting states; :func:`step` proposes one move per chain, evaluates
+all proposals in one batched call and accepts each with the Metropolis rule at a temperature
+cooled geometrically from ``t_start`` to ``t_end`` (relative to a reference objective);
+:func:`anneal` runs the steps.  Chain c's random numbers at step i come from
+``fold_in(fold_in(key, c), i)``, so a chain's path does not depend on how the chains are split
+over devices, and a fixed key gives the same answer.  With several local devices the chains are
+split over them (``shard_map``, no collectives: every device evaluates and updates its own chains).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ..costs import pytree
+
+Array = Any
+
+#: relative objective of an infeasible state (far above any feasible one)
+PENALTY = 1e6
+#: steps queued ahead of the running one: queueing thousands at once ran 20-80% slower on a 2-core
+#: CPU; waiting every few steps still hides the dispatch
+DISPATCH_AHEAD = 8
+
+
+@pytree
+class Chains:
+    """State of ``C`` annealing chains over ``D``-long int states.
+
+    Fields:
+      x: ``[C, D]`` current states.
+      value: ``[C]`` their objectives relative to the reference (``PENALTY`` if infeasible).
+      best: ``[C, D]`` best state each chain has visited; best_value: ``[C]`` its relative objective.
+      accepted: ``[C]`` moves accepted.
+      aux: ``[C]`` int auxiliary state of each chain's current state (see ``evaluate``).
+      index: ``[C]`` int global chain numbers (they pick each chain's random numbers).
+      step: int scalar, steps taken.
+    """
+
+    x: Array
+    value: Array
+    best: Array
+    best_value: Array
+    accepted: Array
+    aux: Array
+    index: Array
+    step: Array
+
+
+@pytree
+class Schedule:
+    """Cooling schedule (traced scalars): temperature ``t_start * (t_end / t_start) ** (i / (steps - 1))``
+    at step i, relative to ``reference`` (objective units)."""
+
+    t_start: Array
+    t_end: Array
+    steps: Array
+    reference: Array
+
+
+class AnnealResult(NamedTuple):
+    """Best state over all chains, its objective, per-chain best objectives and the acceptance rate."""
+
+    x: np.ndarray
+    objective: float
+    chain_best: np.ndarray
+    accept_rate: float
+
+
+def relative(values, reference):
+    """Objectives relative to ``reference``, ``PENALTY`` where infeasible."""
+    return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
+
+
+def init(problem, x0, values, aux, reference) -> Chains:
+    """Chains starting at ``x0 [C, D]`` whose objectives are ``values [C]`` and auxiliary states ``aux [C]``."""
+    x0 = np.asarray(x0, np.int32)
+    v = np.asarray(relative(jnp.asarray(values), reference), np.float32)
+    C = x0.shape[0]
+    # every field its own buffer: the step donates its input chains
+    return Chains(x=x0.copy(), value=v.copy(), best=x0.copy(), best_value=v.copy(), accepted=np.zeros((C,), np.int32),
+                  aux=np.asarray(aux, np.int32).copy(),
+                  index=np.arange(C, dtype=np.int32), step=np.zeros((), np.int32))
+
+
+def step(problem, chains: Chains, key, schedule: Schedule, ctx) -> Chains:
+    """One move of every chain: propose, evaluate all proposals at once, accept by the Metropolis rule."""
+    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.fold_in(key, c), chains.step))(chains.index)
+    move, accept_key = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
+    proposal, valid = jax.vmap(lambda k, x: problem.propose(k, x, ctx))(move, chains.x)
+    raw, aux = problem.evaluate(proposal, ctx, chains.aux)
+    values = relative(raw, schedule.reference)
+    frac = chains.step.astype(jnp.float32) / jnp.maximum(schedule.steps - 1, 1).astype(jnp.float32)
+    temperature = schedule.t_start * (schedule.t_end / schedule.t_start) ** frac
+    u = jax.vmap(jax.random.uniform)(accept_key)
+    accept = valid & ((values <= chains.value) | (u < jnp.exp(-(values - chains.value) / temperature)))
+    x = jnp.where(accept[:, None], proposal, chains.x)
+    value = jnp.where(accept, values, chains.value)
+    better = value < chains.best_value
+    return Chains(x=x, value=value, best=jnp.where(better[:, None], x, chains.best),
+                  best_value=jnp.where(better, value, chains.best_value),
+                  accepted=chains.accepted + accept.astype(jnp.int32), aux=jnp.where(accept, aux, chains.aux),
+                  index=chains.index, step=chains.step + 1)
+
+
+def chain_devices(chains: int, devices: int | None = None) -> tuple:
+    """Local devices the chains are split over: every local CPU device when they divide the chains."""
+    local = jax.local_devices()
+    if devices is None:
+        devices = len(local) if local[0].platform == "cpu" and chains % len(local) == 0 else 1
+    if devices < 1 or devices > len(local) or chains % devices:
+        raise ValueError(f"cannot split {chains} chains over {devices} of the {len(local)} local devices; "
+                         "choose a device count that divides the chains")
+    return tuple(local[:devices])
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(problem, devices: tuple):
+    """The compiled step and batched evaluation for chains split over ``devices``, and where to put inputs."""
+    evaluate = lambda xs, ctx, aux: problem.evaluate(xs, ctx, aux)
+    fn = functools.partial(step, problem)
+    if len(devices) == 1:
+        return jax.jit(fn, donate_argnums=(0,)), jax.jit(evaluate), None, None
+    mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
+    rows, shared = PartitionSpec("chains"), PartitionSpec()
+    chain_spec = Chains(x=rows, value=rows, best=rows, best_value=rows, accepted=rows, aux=rows, index=rows,
+                        step=shared)
+    stepped = jax.shard_map(fn, mesh=mesh, in_specs=(chain_spec, shared, shared, shared), out_specs=chain_spec,
+                            check_vma=False)
+    evaluated = jax.shard_map(evaluate, mesh=mesh, in_specs=(rows, shared, rows), out_specs=(rows, rows),
+                              check_vma=False)
+    place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
+                                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return (jax.jit(stepped, donate_argnums=(0,)), jax.jit(evaluated), place_rows, NamedSharding(mesh, shared))
+
+
+def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``problem.evaluate`` of ``xs [C, D]`` (auxiliary states ``aux [C]``, default the problem's
+    ``initial_aux``) through the same compiled program the annealer uses: ``(values, aux)``."""
+    xs = np.asarray(xs, np.int32)
+    aux = np.asarray(problem.initial_aux(ctx, xs.shape[0]) if aux is None else aux, np.int32)
+    _, evaluated, rows, shared = _programs(problem, chain_devices(xs.shape[0], devices))
+    if rows is not None:
+        xs, ctx, aux = jax.device_put(xs, rows.x), jax.device_put(ctx, shared), jax.device_put(aux, rows.x)
+    values, aux = evaluated(xs, ctx, aux)
+    return np.asarray(values), np.asarray(aux)
+
+
+def anneal(problem, ctx, x0, key, steps: int = 2000, t_start: float = 0.02, t_end: float = 1e-4,
+           reference: float | None = None, devices: int | None = None) -> AnnealResult:
+    """Simulated annealing of ``C`` chains from ``x0 [C, D]``.
+
+    Args:
+      problem: hashable object with ``propose`` and ``evaluate`` (see the module docstring).
+      ctx: pytree of numbers the problem reads (traced; new values reuse the compiled program).
+      x0: ``[C, D]`` starting states (every one valid).
+      key: JAX PRNG key (a fixed key gives identical results).
+      steps: moves per chain.
+      t_start, t_end: temperatures relative to ``reference`` (default: the best starting objective).
+      devices: local devices to split the chains over (default every CPU device when they divide
+        the chains); the result does not depend on it.
+
+    Returns:
+      :class:`AnnealResult` (objective in the problem's units, ``inf`` if nothing feasible was found).
+    """
+    x0 = np.asarray(x0, np.int32)
+    C = x0.shape[0]
+    stepped, evaluated, rows, shared = _programs(problem, chain_devices(C, devices))
+    put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
+    values, aux = evaluate_states(problem, x0, ctx, devices=len(chain_devices(C, devices)))
+    finite = values[np.isfinite(values)]
+    if reference is None:
+        reference = float(finite.min()) if finite.size and finite.min() > 0 else 1.0
+    chains = init(problem, x0, values, aux, np.float32(reference))
+    chains = jax.device_put(chains, rows if rows is not None else None)
+    schedule = put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
+                            reference=np.float32(reference)), shared)
+    key, ctx = put(key, shared), put(ctx, shared)
+    # the step loop runs in Python around one compiled program (objectives that loop internally ran
+    # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
+    for i in range(steps):
+        chains = stepped(chains, key, schedule, ctx)
+        if (i + 1) % DISPATCH_AHEAD == 0:
+            chains.value.block_until_ready()
+    best_value = np.asarray(chains.best_value) * reference
+    i = int(np.argmin(best_value))
+    objective = float(best_value[i]) if best_value[i] < PENALTY * reference else float("inf")
+    return AnnealResult(np.asarray(chains.best)[i], objective, best_value,
+                        float(np.asarray(chains.accepted).sum()) / (C * max(steps, 1)))
