@@ -28,6 +28,7 @@ from ..costs import pytree
 from ..prefill.batch import evaluate_many
 from ..prefill.evaluate import Point
 from ..schedule.items import chunked_items
+from ..search.anneal import randint
 from ..schedule.shape import MBKRMode, SimShape
 from ..serving.e2e import ServingShape, e2e_latency
 
@@ -107,16 +108,15 @@ def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: in
     return lo
 
 
-def propose_partition(key, x, max_shift: int):
+def propose_partition(words, x, max_shift: int):
     """One-boundary move: boundary b (uniform) shifts by 1..``max_shift`` units either way; valid if
     both chunks keep at least one unit."""
     M = x.shape[0]
     if M == 1:
         return x, jnp.zeros((), bool)
-    kb, km, kd = jax.random.split(key, 3)
-    b = jax.random.randint(kb, (), 0, M - 1)
-    shift = jax.random.randint(km, (), 1, max_shift + 1)
-    shift = jnp.where(jax.random.bernoulli(kd), shift, -shift)
+    b = randint(words[0], 0, M - 1)
+    shift = randint(words[1], 1, max_shift + 1)
+    shift = jnp.where(words[2] >> 31 == 1, shift, -shift)
     left, right = x[b] + shift, x[b + 1] - shift
     valid = (left >= 1) & (right >= 1)
     return jnp.where(valid, x.at[b].set(left).at[b + 1].set(right), x), valid
@@ -144,8 +144,8 @@ class PartitionProblem:
     window: int = 8
     requests: int = 0
 
-    def propose(self, key, x, ctx: PartitionContext):
-        return propose_partition(key, x, self.max_shift)
+    def propose(self, words, x, ctx: PartitionContext):
+        return propose_partition(words, x, self.max_shift)
 
     def initial_aux(self, ctx: PartitionContext, chains: int):
         """Every chain's first B' search starts at the context's batch."""

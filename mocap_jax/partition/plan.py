@@ -94,7 +94,7 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
     dp_units = dp.partition // g
     init = np.stack([dp_units if c % 2 == 0 else uni for c in range(settings.chains)])
     t0 = time.perf_counter()
-    res = anneal(problem, ctx, init, jax.random.key(settings.seed), steps=settings.steps)
+    res = anneal(problem, ctx, init, settings.seed, steps=settings.steps)
     wall = time.perf_counter() - t0
     starts = np.stack([uni, dp_units, res.x])
     values, batches = evaluate_states(problem, starts, ctx, devices=1)

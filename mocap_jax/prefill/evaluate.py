@@ -221,7 +221,8 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
     finish = timeline(s.t_all, s.d_all, shape)
     start = finish - s.t_all
     release = memory.release_times(finish, s.ends, shape.release)
-    peak, kv_peak, _ = memory.peak_memory(start, s.kv_all, s.act_all, s.weights, s.ends, release, s.valid)
+    peak, kv_peak, _ = memory.peak_memory(start, s.kv_all, s.act_all, s.weights, s.ends, release, s.valid,
+                                          s.group_first, shape.release)
     feasible = jnp.all((peak <= s.usable) | ~s.live)
     times = s.t_all
     zero_n = jnp.zeros((N,), dt)

@@ -55,15 +55,22 @@ def item_release_times(release, group_of_item):
     return release[group_of_item]
 
 
-def held_before_start(start, kv, ends, release):
+def held_before_start(start, kv, ends, release, group_first=None, policy: Release = Release.REQUEST):
     """KV each stage holds just before each item starts (releases at that instant applied), ``[E, N]``.
 
     Groups are released in order and their items are consecutive, so the released KV at any time is
     the cumulative KV through the last released group: a running maximum over the groups released
     by then.  Unused group slots repeat their predecessor, which keeps release times sorted.
+
+    Under the ``stage`` policy a group is released when the stage finishes its last item, before
+    the stage starts any item of the next group, so a stage holds only the KV of the earlier items
+    of the starting item's own group (``group_first [E]``: the slot of each item's group's first
+    item): no timeline is needed.
     """
     cum = jnp.cumsum(kv, axis=0)                                                 # [E, N] through each item
     before = cum - kv
+    if policy == Release.STAGE and group_first is not None:
+        return before - before[group_first]
     used = (ends >= 0)[:, None]
     through = jnp.where(used, cum[jnp.maximum(ends, 0)], 0.0)                   # [G, N]
     rel = jnp.where(used, release, -jnp.inf)
@@ -79,7 +86,8 @@ def held_before_start(start, kv, ends, release):
     return before - released
 
 
-def peak_memory(start, kv, activation, weights, ends, release, valid):
+def peak_memory(start, kv, activation, weights, ends, release, valid, group_first=None,
+                policy: Release = Release.REQUEST):
     """Peak memory of each stage and its parts, resolved in time (no MBKR).
 
     Args:
@@ -89,12 +97,13 @@ def peak_memory(start, kv, activation, weights, ends, release, valid):
       weights: ``[N]`` weight bytes of each stage.
       ends: ``[G]`` timeline slots of the group ends (-1 unused); release: ``[G, N]`` their release times.
       valid: ``[E]`` real items.
+      group_first, policy: see :func:`held_before_start`.
 
     Returns:
       ``(peak [N], kv_peak [N], memory_at_start [E, N])``: the largest memory, the largest KV
       (held + being written), and the memory when each item starts (bytes).
     """
-    held = held_before_start(start, kv, ends, release)
+    held = held_before_start(start, kv, ends, release, group_first, policy)
     kv_now = jnp.where(valid[:, None], held + kv, 0.0)
     at_start = jnp.where(valid[:, None], weights[None, :] + kv_now + activation, 0.0)
     peak = jnp.maximum(weights, jnp.max(at_start, axis=0))

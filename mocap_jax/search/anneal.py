@@ -3,8 +3,9 @@
 A search is a hashable *problem* (evosax style: static structure in the object, numbers in a
 ``ctx`` pytree) with two methods:
 
-* ``propose(key, x, ctx) -> (x_new, valid)`` -- one move of one chain's state ``x`` (an int
-  vector, e.g. chunk sizes in units, or a die permutation);
+* ``propose(bits, x, ctx) -> (x_new, valid)`` -- one move of one chain's state ``x`` (an int
+  vector, e.g. chunk sizes in units, or a die permutation) from ``bits``, :data:`PROPOSAL_WORDS`
+  random uint32 words (:func:`uniform` and :func:`randint` turn them into numbers);
 * ``evaluate(xs, ctx, aux) -> (values, aux)`` -- the objective of ``[C, D]`` states at once
   (lower is better, ``inf`` = infeasible), given and returning one int of auxiliary state per
   chain (``aux [C]``: what the problem knows about each chain's current state that helps
@@ -13,9 +14,11 @@ A search is a hashable *problem* (evosax style: static structure in the object, 
 :func:`init` evaluates the starting states; :func:`step` proposes one move per chain, evaluates
 all proposals in one batched call and accepts each with the Metropolis rule at a temperature
 cooled geometrically from ``t_start`` to ``t_end`` (relative to a reference objective);
-:func:`anneal` runs the steps.  Chain c's random numbers at step i come from
-``fold_in(fold_in(key, c), i)``, so a chain's path does not depend on how the chains are split
-over devices, and a fixed key gives the same answer.  With several local devices the chains are
+:func:`anneal` runs the steps.  Chain c's random words at step i are a counter-based hash of
+(seed, c, i, word) (:func:`random_words`), so a chain's path does not depend on how the chains
+are split over devices, and a fixed seed gives the same answer; the hash is a few integer
+operations, where a threefry key split per chain and step made the step program several times
+slower to compile.  With several local devices the chains are
 split over them (``shard_map``, no collectives: every device evaluates and updates its own chains).
 """
 
@@ -84,6 +87,37 @@ class AnnealResult(NamedTuple):
     accept_rate: float
 
 
+#: random uint32 words a proposal receives
+PROPOSAL_WORDS = 4
+
+
+def _mix(h):
+    """MurmurHash3's 32-bit finaliser: a bijection of uint32 that spreads every input bit."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def random_words(seed, chain, step, count: int):
+    """``[count]`` uint32 words of chain ``chain`` at step ``step`` (a counter-based hash)."""
+    base = _mix(jnp.uint32(seed) ^ _mix(jnp.asarray(chain, jnp.uint32) * jnp.uint32(0x9E3779B9)
+                                        + jnp.asarray(step, jnp.uint32) * jnp.uint32(0x632BE5AB)))
+    return _mix(base + jnp.arange(count, dtype=jnp.uint32) * jnp.uint32(0x7F4A7C15))
+
+
+def uniform(word):
+    """A float in [0, 1) from a uint32 word (its top 24 bits, exact in float32)."""
+    return (word >> 8).astype(jnp.float32) * jnp.float32(2.0 ** -24)
+
+
+def randint(word, low, high):
+    """An int in ``[low, high)`` from a uint32 word (modulo the range; bias below 1e-5 for ranges under 40,000)."""
+    span = jnp.maximum(jnp.asarray(high) - jnp.asarray(low), 1).astype(jnp.uint32)
+    return (jnp.asarray(low) + (word % span).astype(jnp.int32)).astype(jnp.int32)
+
+
 def relative(values, reference):
     """Objectives relative to ``reference``, ``PENALTY`` where infeasible."""
     return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
@@ -100,16 +134,15 @@ def init(problem, x0, values, aux, reference) -> Chains:
                   index=np.arange(C, dtype=np.int32), step=np.zeros((), np.int32))
 
 
-def step(problem, chains: Chains, key, schedule: Schedule, ctx) -> Chains:
+def step(problem, chains: Chains, seed, schedule: Schedule, ctx) -> Chains:
     """One move of every chain: propose, evaluate all proposals at once, accept by the Metropolis rule."""
-    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.fold_in(key, c), chains.step))(chains.index)
-    move, accept_key = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
-    proposal, valid = jax.vmap(lambda k, x: problem.propose(k, x, ctx))(move, chains.x)
+    words = jax.vmap(lambda c: random_words(seed, c, chains.step, PROPOSAL_WORDS + 1))(chains.index)
+    proposal, valid = jax.vmap(lambda w, x: problem.propose(w, x, ctx))(words[:, :PROPOSAL_WORDS], chains.x)
     raw, aux = problem.evaluate(proposal, ctx, chains.aux)
     values = relative(raw, schedule.reference)
     frac = chains.step.astype(jnp.float32) / jnp.maximum(schedule.steps - 1, 1).astype(jnp.float32)
     temperature = schedule.t_start * (schedule.t_end / schedule.t_start) ** frac
-    u = jax.vmap(jax.random.uniform)(accept_key)
+    u = uniform(words[:, PROPOSAL_WORDS])
     accept = valid & ((values <= chains.value) | (u < jnp.exp(-(values - chains.value) / temperature)))
     x = jnp.where(accept[:, None], proposal, chains.x)
     value = jnp.where(accept, values, chains.value)
@@ -132,10 +165,16 @@ def chain_devices(chains: int, devices: int | None = None) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(problem, devices: tuple):
-    """The compiled step and batched evaluation for chains split over ``devices``, and where to put inputs."""
+def _programs(problem, devices: tuple, steps_per_call: int = 1):
+    """The compiled step (``steps_per_call`` steps per call) and batched evaluation for chains split
+    over ``devices``, and where to put inputs."""
     evaluate = lambda xs, ctx, aux: problem.evaluate(xs, ctx, aux)
-    fn = functools.partial(step, problem)
+
+    def fn(chains, seed, schedule, ctx):
+        if steps_per_call == 1:
+            return step(problem, chains, seed, schedule, ctx)
+        return jax.lax.fori_loop(0, steps_per_call, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
+
     if len(devices) == 1:
         return jax.jit(fn, donate_argnums=(0,)), jax.jit(evaluate), None, None
     mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
@@ -163,26 +202,31 @@ def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None) -> t
     return np.asarray(values), np.asarray(aux)
 
 
-def anneal(problem, ctx, x0, key, steps: int = 2000, t_start: float = 0.02, t_end: float = 1e-4,
-           reference: float | None = None, devices: int | None = None) -> AnnealResult:
+def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02, t_end: float = 1e-4,
+           reference: float | None = None, devices: int | None = None, steps_per_call: int = 1) -> AnnealResult:
     """Simulated annealing of ``C`` chains from ``x0 [C, D]``.
 
     Args:
       problem: hashable object with ``propose`` and ``evaluate`` (see the module docstring).
       ctx: pytree of numbers the problem reads (traced; new values reuse the compiled program).
       x0: ``[C, D]`` starting states (every one valid).
-      key: JAX PRNG key (a fixed key gives identical results).
+      seed: int seed of the chains' random words (a fixed seed gives identical results).
       steps: moves per chain.
       t_start, t_end: temperatures relative to ``reference`` (default: the best starting objective).
       devices: local devices to split the chains over (default every CPU device when they divide
         the chains); the result does not depend on it.
+      steps_per_call: steps run inside one compiled call (many for a cheap objective, whose steps
+        would otherwise be dominated by dispatch; 1 for an objective that loops internally, which
+        ran several times slower nested in another loop on CPU).  Must divide ``steps``.
 
     Returns:
       :class:`AnnealResult` (objective in the problem's units, ``inf`` if nothing feasible was found).
     """
     x0 = np.asarray(x0, np.int32)
     C = x0.shape[0]
-    stepped, evaluated, rows, shared = _programs(problem, chain_devices(C, devices))
+    if steps % steps_per_call:
+        raise ValueError(f"steps_per_call={steps_per_call} must divide steps={steps}")
+    stepped, evaluated, rows, shared = _programs(problem, chain_devices(C, devices), steps_per_call)
     put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
     values, aux = evaluate_states(problem, x0, ctx, devices=len(chain_devices(C, devices)))
     finite = values[np.isfinite(values)]
@@ -192,11 +236,11 @@ def anneal(problem, ctx, x0, key, steps: int = 2000, t_start: float = 0.02, t_en
     chains = jax.device_put(chains, rows if rows is not None else None)
     schedule = put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
                             reference=np.float32(reference)), shared)
-    key, ctx = put(key, shared), put(ctx, shared)
+    seed, ctx = put(np.uint32(seed), shared), put(ctx, shared)
     # the step loop runs in Python around one compiled program (objectives that loop internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
-    for i in range(steps):
-        chains = stepped(chains, key, schedule, ctx)
+    for i in range(steps // steps_per_call):
+        chains = stepped(chains, seed, schedule, ctx)
         if (i + 1) % DISPATCH_AHEAD == 0:
             chains.value.block_until_ready()
     best_value = np.asarray(chains.best_value) * reference
