@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
+    except BrokenPipeError:                   # the reader (e.g. head) closed the pipe: nothing more to say
+        return 0
     except (ValueError, OverflowError) as e:  # SpecError and every validation error: bad input
         return _fail(args, str(e))
     except OSError as e:                      # a path that could not be read or written

@@ -35,7 +35,7 @@ from ..mbkr.pairing import MBKRParams, partner_of
 from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills
 from ..schedule import memory
 from ..schedule.items import ItemTable
-from ..schedule.recurrence import finish_times
+from ..schedule.recurrence import finish_times, start_times
 from ..schedule.shape import Admission, MBKRMode, SimShape, Spill
 
 Array = Any
@@ -117,7 +117,7 @@ class Evaluation:
 
 
 def timeline(times, handoff, shape: SimShape):
-    """Finish times ``[E, N]`` of ``shape.batches`` batches of items run back to back.
+    """Finish and start times ``[E, N]`` of ``shape.batches`` batches of items run back to back.
 
     ``times``/``handoff`` are ``[E, N]`` (E = batches x K, in item order).  Streaming admission:
     the items of every batch queue behind the previous ones (one recurrence over all of them).
@@ -125,18 +125,20 @@ def timeline(times, handoff, shape: SimShape):
     """
     E, N = times.shape
     if shape.admission == Admission.STREAMING or shape.batches == 1:
-        return finish_times(times, handoff)
+        f = finish_times(times, handoff)
+        return f, start_times(f, handoff)
     K = shape.items
 
     def one(carry, xs):
         stage_free, exit_time = carry
         t_j, d_j = xs
-        f = finish_times(t_j, d_j, jnp.full((K,), exit_time, times.dtype), stage_free)
-        return (f[-1], f[-1, -1]), f
+        ready = jnp.full((K,), exit_time, times.dtype)
+        f = finish_times(t_j, d_j, ready, stage_free)
+        return (f[-1], f[-1, -1]), (f, start_times(f, d_j, ready, stage_free))
 
     init = (jnp.zeros((N,), times.dtype), jnp.zeros((), times.dtype))
-    _, f = jax.lax.scan(one, init, (times.reshape(shape.batches, K, N), handoff.reshape(shape.batches, K, N)))
-    return f.reshape(E, N)
+    _, (f, st) = jax.lax.scan(one, init, (times.reshape(shape.batches, K, N), handoff.reshape(shape.batches, K, N)))
+    return f.reshape(E, N), st.reshape(E, N)
 
 
 class Structure:
@@ -195,10 +197,9 @@ def _filled(release, ends):
     return jax.lax.cummax(jnp.where((ends >= 0)[:, None], release, -jnp.inf), axis=0)
 
 
-def _mbkr_pass(s: Structure, point: Point, shape: SimShape, finish, times):
-    """Spills decided on the timeline ``finish`` (item times ``times``) and their costs."""
+def _mbkr_pass(s: Structure, point: Point, shape: SimShape, finish, start):
+    """Spills decided on the timeline ``finish`` / ``start`` and their costs."""
     mb, hw = point.mbkr, point.hardware
-    start = finish - times
     release = _filled(memory.release_times(finish, s.ends, shape.release), s.ends)
     st = Stages(start=start, finish=finish, kv=s.kv_all, activation=s.act_all, valid=s.valid, group=s.group,
                 release=release, weights=s.weights, budget=jnp.where(s.live, s.usable - s.weights, 1.0), live=s.live)
@@ -218,8 +219,7 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
     s = Structure(point, shape)
     dt = s.t.dtype
     N = shape.stages
-    finish = timeline(s.t_all, s.d_all, shape)
-    start = finish - s.t_all
+    finish, start = timeline(s.t_all, s.d_all, shape)
     release = memory.release_times(finish, s.ends, shape.release)
     peak, kv_peak, _ = memory.peak_memory(start, s.kv_all, s.act_all, s.weights, s.ends, release, s.valid,
                                           s.group_first, shape.release)
@@ -232,25 +232,26 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
                       migrate_s=jnp.zeros((), dt), moved=zero_e, extra=zero_e, block=zero_e,
                       host=jnp.full(s.t_all.shape, -1, jnp.int32), overflow=jnp.zeros((), bool))
     if shape.mbkr != MBKRMode.OFF:
-        plain = (finish, times, peak, kv_peak, feasible)
+        plain = (finish, start, times, peak, kv_peak, feasible)
 
         def one_pass(_, carry):
             """Spills decided on the previous pass's timeline, and the timeline their costs give."""
-            m_finish, m_times, _, _ = carry
-            spills, cost = _mbkr_pass(s, point, shape, m_finish, m_times)
+            m_finish, m_start, _, _, _ = carry
+            spills, cost = _mbkr_pass(s, point, shape, m_finish, m_start)
             m_times = s.t_all + cost.extra
-            return timeline(m_times, s.d_all, shape), m_times, spills, cost
+            m_finish, m_start = timeline(m_times, s.d_all, shape)
+            return m_finish, m_start, m_times, spills, cost
 
         # a loop rather than straight-line passes: one copy of the spill program to compile
-        spills0, cost0 = jax.eval_shape(lambda: _mbkr_pass(s, point, shape, finish, times))
+        spills0, cost0 = jax.eval_shape(lambda: _mbkr_pass(s, point, shape, finish, start))
         zeros = lambda tree: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-        m_finish, m_times, spills, cost = jax.lax.fori_loop(0, shape.passes, one_pass,
-                                                            (finish, times, zeros(spills0), zeros(cost0)))
+        m_finish, m_start, m_times, spills, cost = jax.lax.fori_loop(
+            0, shape.passes, one_pass, (finish, start, times, zeros(spills0), zeros(cost0)))
         m_feasible = ~spills.overflow & jnp.all((spills.peak <= s.usable * (1 + FIT_TOLERANCE)) | ~s.live)
         keep_plain = feasible if shape.spill == Spill.OVERFLOW else jnp.zeros((), bool)
         pick = lambda a, b: jnp.where(keep_plain, a, b)
-        finish, times, peak, kv_peak, feasible = (pick(a, b) for a, b in zip(
-            plain, (m_finish, m_times, spills.peak, spills.kv_peak, m_feasible)))
+        finish, start, times, peak, kv_peak, feasible = (pick(a, b) for a, b in zip(
+            plain, (m_finish, m_start, m_times, spills.peak, spills.kv_peak, m_feasible)))
         keep = lambda x: jnp.where(keep_plain, jnp.zeros_like(x), x)
         mbkr_parts = dict(
             spilled_bytes_per_stage=keep(jnp.sum(spills.moved, axis=0)), blocking_s_per_stage=keep(jnp.sum(cost.block, axis=0)),
@@ -258,7 +259,6 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
             spill_write_s=keep(jnp.sum(cost.write)), migrate_s=keep(jnp.sum(cost.migrate)), moved=keep(spills.moved),
             extra=keep(cost.extra), block=keep(cost.block),
             host=jnp.where(keep_plain, -1, spills.host), overflow=~keep_plain & spills.overflow)
-        start = finish - times
     latency, period, bubble, utilisation = _summary(s, finish, times, shape)
     throughput = s.requests / period
     return Evaluation(

@@ -142,3 +142,19 @@ def pipeline_latency(t, handoff: Optional[jax.Array] = None, ready: Optional[jax
       every stage give ``sum(t) + (N - 1) * max(t)``.
     """
     return finish_times(t, handoff, ready)[..., -1, -1]
+
+
+def start_times(finish, handoff, ready=None, stage_free=None):
+    """Start time of every item on every stage, ``[..., K, N]``, from the finish times: the same
+    ``max(finish[k-1, s], finish[k, s-1] + d[k, s-1], ready[k] if s == 0)`` the recurrence takes, so
+    a start equals the event that released it bit for bit (``finish - t`` may differ by a rounding,
+    which would reorder an item's start against a release at the same instant)."""
+    finish = jnp.asarray(finish)
+    batch, (K, N) = finish.shape[:-2], finish.shape[-2:]
+    zeros = lambda shape: jnp.zeros(shape, finish.dtype)
+    free = zeros(batch + (1, N)) if stage_free is None else jnp.asarray(stage_free, finish.dtype)[..., None, :]
+    prev_item = jnp.concatenate([jnp.broadcast_to(free, batch + (1, N)), finish[..., :-1, :]], axis=-2)
+    first = zeros(batch + (K, 1)) if ready is None else jnp.asarray(ready, finish.dtype)[..., :, None]
+    prev_stage = jnp.concatenate([jnp.broadcast_to(first, batch + (K, 1)),
+                                  finish[..., :, :-1] + jnp.asarray(handoff, finish.dtype)[..., :, :-1]], axis=-1)
+    return jnp.maximum(prev_item, prev_stage)
