@@ -23,9 +23,10 @@ from . import chunked_prefill, costs
 from .costs import HardwareParams, ModelParams, StageLayout
 from .mbkr import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, STATIC_PAIRING_CODE, MBKRParams,
                    check_thresholds, pair_routes, partner_of)
-from .specs.mesh import snake_placement
+from .specs.mesh import snake_placement, stage_groups
 from .schedule import ItemTable, Point, SimShape, bucket, evaluate_items_batched, evaluate_one
-from .specs import HardwareSpec, ModelSpec, get_hardware, get_model
+from .specs import LIMITS, HardwareSpec, ModelSpec, SpecError, get_hardware, get_model
+from .specs.checks import integer
 
 CORE_SCHEMES = ("gpipe", "terapipe")
 MBKR_SCHEMES = ("mbkr",)
@@ -89,21 +90,36 @@ def check_partition(partition, seq_len: int) -> np.ndarray:
     return part.astype(np.int64)
 
 
-def check_stages(model: ModelSpec, hw: HardwareSpec, stages: int | None) -> int:
-    n = hw.num_dies if stages is None else _positive_int("stages", stages)
-    if n > hw.num_dies:
-        raise ValueError(f"{n} stages need {n} dies but {hw.name} has {hw.num_dies}; use fewer stages or a larger mesh")
+def check_tensor_parallel(model: ModelSpec, hw: HardwareSpec, tp) -> int:
+    """Dies per stage group: a positive integer that divides the model's heads the way engines require."""
+    t = integer("tp", tp, 1, LIMITS["dies"], " Pass the dies (GPUs) per pipeline stage, e.g. tp=4.")
+    if t > hw.num_dies:
+        raise SpecError(f"tp={t} needs {t} dies per stage but {hw.name} has {hw.num_dies}; use a smaller tp")
+    if model.q_heads % t:
+        raise SpecError(f"tp={t} does not divide the {model.q_heads} attention heads of {model.name}; "
+                        f"choose a tp that divides {model.q_heads}")
+    if model.attention == "gqa" and model.kv_heads % t and t % model.kv_heads:
+        raise SpecError(f"tp={t} neither divides nor is a multiple of the {model.kv_heads} KV heads of {model.name}; "
+                        f"choose a divisor or a multiple of {model.kv_heads}")
+    return t
+
+
+def check_stages(model: ModelSpec, hw: HardwareSpec, stages: int | None, tp: int = 1) -> int:
+    n = hw.num_dies // tp if stages is None else _positive_int("stages", stages)
+    if n * tp > hw.num_dies:
+        raise ValueError(f"{n} stages of {tp} dies need {n * tp} dies but {hw.name} has {hw.num_dies}; "
+                         f"use fewer stages, a smaller tp or a larger mesh")
     if n > model.layers:
         raise ValueError(f"{model.name} has {model.layers} layers, fewer than {n} pipeline stages; "
                          f"pass stages<={model.layers} or a smaller mesh")
     return n
 
 
-def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int) -> None:
+def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int, tp: int = 1) -> None:
     """Raise if some stage cannot even hold its weights."""
     mp = ModelParams.from_spec(model, np.float64)
     hp = HardwareParams.from_spec(hw, np.float64)
-    w = costs.stage_weight_bytes(mp, hp, n, n, xp=np)
+    w = costs.stage_weight_bytes(mp, hp, n, n, xp=np, tensor_parallel=float(tp))
     usable = hw.hbm_capacity * hw.usable_hbm_fraction
     worst = int(np.argmax(w))
     if w[worst] > usable:
@@ -111,7 +127,7 @@ def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int) -> None:
         raise ValueError(
             f"{model.name} does not fit {hw.name}: stage {worst} needs {w[worst] / 1e9:.1f} GB of weights but a die "
             f"has {usable / 1e9:.1f} GB usable; use a mesh of at least ~{math.ceil(need)} dies "
-            f"(e.g. --hardware mocap-RxC) or a smaller model")
+            f"(e.g. --hardware mocap-RxC), a larger tp or a smaller model")
 
 
 @functools.lru_cache(maxsize=64)
@@ -123,8 +139,33 @@ def searched_placement(hw: HardwareSpec, n: int, pairing: str) -> np.ndarray:
     return search_placement(hw, n, static).placement
 
 
-def check_placement(hw: HardwareSpec, placement, n: int, scheme: str = "terapipe", pairing: str = "cross-half") -> np.ndarray:
-    """Resolve ``placement``: None (snake, or searched for MBKR schemes), "snake", "searched", or die indices."""
+def check_group_placement(hw: HardwareSpec, placement, n: int, tp: int) -> np.ndarray:
+    """Dies of each stage group, ``[N, tp]``: the default groups (None or "snake") or a nested list."""
+    if placement is None or (isinstance(placement, str) and placement == "snake"):
+        try:
+            return stage_groups(hw, n, tp)
+        except ValueError as e:
+            raise ValueError(f"{e}, or list the dies of each group as placement") from None
+    if isinstance(placement, str):
+        raise ValueError(f"with tp={tp} placement must be 'snake' or a list of {n} groups of {tp} die indices; "
+                         f"a searched placement of stage groups is not available, got {placement!r}")
+    try:
+        groups = np.asarray(placement, dtype=np.int64)
+    except (TypeError, ValueError):
+        groups = None
+    if groups is None or groups.shape != (n, tp) or len(np.unique(groups)) != n * tp or groups.min() < 0 \
+            or groups.max() >= hw.num_dies:
+        raise ValueError(f"placement must list {n} groups of {tp} distinct die indices in [0, {hw.num_dies}) "
+                         f"(each group in ring order), got {placement!r}")
+    return groups
+
+
+def check_placement(hw: HardwareSpec, placement, n: int, scheme: str = "terapipe", pairing: str = "cross-half",
+                    tp: int = 1) -> np.ndarray:
+    """Resolve ``placement``: None (snake, or searched for MBKR schemes), "snake", "searched", or die indices;
+    with ``tp > 1``, the dies of each stage group (:func:`check_group_placement`)."""
+    if tp > 1:
+        return check_group_placement(hw, placement, n, tp)
     if placement is None:
         placement = "searched" if scheme in ("mbkr", "mocap") and pairing != "none" else "snake"
     if isinstance(placement, str):
@@ -256,6 +297,14 @@ def mbkr_params(hw: HardwareSpec, placement, n_pad: int, cfg: "MBKRConfig", mode
 def _point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, admission: str,
            release: str, dtype, mbkr: "MBKRConfig | None" = None, mode: str = "off") -> Point:
     mbkr = mbkr or MBKRConfig()
+    if np.ndim(placement) == 2:   # stage groups (tensor parallelism); MBKR routes between their first dies
+        groups = np.asarray(placement)
+        return Point(items=items, model=ModelParams.from_spec(model, dtype),
+                     hardware=HardwareParams.from_spec(hw, dtype),
+                     layout=StageLayout.from_groups(hw, groups, n_pad, dtype),
+                     synchronous=np.asarray(admission == "synchronous"),
+                     release_request=np.asarray(release == "request"),
+                     mbkr=mbkr_params(hw, groups[:, 0], n_pad, mbkr, mode, dtype))
     mp = mbkr_params(hw, placement, n_pad, mbkr, mode, dtype)
     layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
     # hand-offs share links with each other (they run concurrently in a full pipeline);
@@ -310,7 +359,7 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
              num_batches: int = 2, microbatch: int = 1, placement=None, stages: int | None = None,
              dtype="float32", max_batch: int = DEFAULT_MAX_BATCH, timeline: bool = True,
              pairing: str = "cross-half", p1: float = DEFAULT_P1, p2: float = DEFAULT_P2,
-             read_overlap: float = DEFAULT_READ_OVERLAP) -> SimResult:
+             read_overlap: float = DEFAULT_READ_OVERLAP, tp: int = 1) -> SimResult:
     """Simulate prefill of ``num_batches`` batches of ``batch`` requests of ``seq_len`` tokens.
 
     Args:
@@ -325,8 +374,10 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
       admission: ``"streaming"`` or ``"synchronous"`` admission of consecutive batches.
       num_batches: consecutive identical batches (>= 2 shows batch overlap in memory).
       microbatch: requests per GPipe microbatch.
-      placement: die index of each stage (default snake order).
-      stages: pipeline stages N (default: every die).
+      placement: die index of each stage (default snake order); with ``tp > 1`` the dies of
+        each stage group, ``[N][tp]`` (default: rectangles in snake order on a mesh,
+        consecutive GPUs on a switch).
+      stages: pipeline stages N (default: every die, ``dies // tp`` groups with ``tp``).
       dtype: ``"float32"`` (default) or ``"float64"``.
       max_batch: upper end of the ``batch="auto"`` search.
       timeline: compute the per-stage KV occupancy time series.
@@ -334,6 +385,8 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
         pairing policy (``cross-half``, ``none``, ``head-to-tail``, ``dynamic``), role
         thresholds as fractions of a stage's KV budget, and the fraction of local
         attention time that hides a remote read.
+      tp: tensor-parallel degree, dies (GPUs) per pipeline stage (Megatron-style sharding,
+        two all-reduces per block over the group's ring; docs/cost_model.md).
 
     Returns:
       :class:`SimResult`; for MBKR, ``extra`` holds spilled bytes, remote-read,
@@ -341,14 +394,14 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
     """
     mb = MBKRConfig(pairing, p1, p2, read_overlap)
     cfg = _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, max_batch, pairing)
+                   microbatch, placement, stages, dtype, max_batch, pairing, tp=tp)
     m, hw, S, part, n, pl, dt = cfg["model"], cfg["hardware"], cfg["seq_len"], cfg["partition"], cfg["stages"], cfg["placement"], cfg["dtype"]
     B = cfg["batch"]
     if B == "auto":
         B = max_feasible_batch(m, hw, S, scheme, partition=part, release=release, admission=admission,
                                num_batches=num_batches, microbatch=microbatch, placement=pl, stages=n,
                                dtype=dt, max_batch=max_batch, pairing=pairing, p1=p1, p2=p2,
-                               read_overlap=read_overlap)
+                               read_overlap=read_overlap, tp=cfg["tp"])
         if B == 0:
             B = 1  # report the single-request configuration (infeasible)
     k1 = _items_per_batch(scheme, B, part, microbatch)
@@ -364,7 +417,7 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
         t_eff = t_eff + np.asarray(out["mbkr_extra_times"])[:, :k1, :n]
     finish = f.reshape(num_batches * k1, n)
     start = finish - t_eff.reshape(num_batches * k1, n)
-    extra = {"raw_latency_s": float(out["raw_latency_s"]), "items_per_batch": k1}
+    extra = {"raw_latency_s": float(out["raw_latency_s"]), "items_per_batch": k1, "tensor_parallel": cfg["tp"]}
     timeline_times = np.asarray(out["timeline_times"]) if timeline and mode == "off" else None
     timeline_kv = np.asarray(out["timeline_kv_bytes"])[:, :n] if timeline and mode == "off" else None
     if mode != "off":
@@ -432,7 +485,7 @@ def mbkr_timeline(out: dict, n: int, mode: str, timeline_points: int = 1024):
 
 
 def _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release, admission, num_batches,
-             microbatch, placement, stages, dtype, max_batch, pairing: str = "cross-half") -> dict:
+             microbatch, placement, stages, dtype, max_batch, pairing: str = "cross-half", tp: int = 1) -> dict:
     """Validate everything a simulation takes; return resolved values."""
     m = get_model(model)
     hw = get_hardware(hardware)
@@ -454,12 +507,13 @@ def _resolve(model, hardware, seq_len, scheme, chunks, batch, partition, release
         if M > S:
             raise ValueError(f"{M} chunks need at least {M} tokens but seq_len is {S}; use fewer chunks")
         part = uniform_partition(S, M)
-    n = check_stages(m, hw, stages)
-    check_weights_fit(m, hw, n)
+    t = check_tensor_parallel(m, hw, tp)
+    n = check_stages(m, hw, stages, t)
+    check_weights_fit(m, hw, n, t)
     _choice("pairing", pairing, PAIRINGS)
-    pl = check_placement(hw, placement, n, scheme, pairing)
+    pl = check_placement(hw, placement, n, scheme, pairing, t)
     return dict(model=m, hardware=hw, seq_len=S, partition=part, stages=n, placement=pl, dtype=_dtype(dtype),
-                batch=batch)
+                batch=batch, tp=t)
 
 
 # --------------------------------------------------------------------------- batched evaluation
@@ -470,7 +524,7 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
                    microbatch: int = 1, stages: int | None = None, placement=None, dtype="float32",
                    block_size: int = 4096, k_pad: int | None = None, pairing: str = "cross-half",
                    p1: float = DEFAULT_P1, p2: float = DEFAULT_P2,
-                   read_overlap: float = DEFAULT_READ_OVERLAP) -> dict[str, np.ndarray]:
+                   read_overlap: float = DEFAULT_READ_OVERLAP, tp: int = 1) -> dict[str, np.ndarray]:
     """Evaluate P configurations of one model and hardware in compiled, vectorised calls.
 
     Args:
@@ -481,6 +535,7 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
         uniform partitions into ``chunks`` (default 16).
       block_size: points per compiled call (bounds memory; the last block is padded).
       k_pad: item bucket (default: next power of two of the largest item count).
+      tp: dies per pipeline stage (tensor parallelism), as in :func:`simulate`.
 
     Returns:
       dict of NumPy arrays with a leading axis P: ``prefill_latency_s``, ``feasible``,
@@ -493,10 +548,11 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     _choice("release policy", release, RELEASE_POLICIES)
     _choice("admission mode", admission, ADMISSION_MODES)
     dt = _dtype(dtype)
-    n = check_stages(m, hw, stages)
-    check_weights_fit(m, hw, n)
+    t = check_tensor_parallel(m, hw, tp)
+    n = check_stages(m, hw, stages, t)
+    check_weights_fit(m, hw, n, t)
     mb = MBKRConfig(pairing, p1, p2, read_overlap)
-    pl = check_placement(hw, placement, n, scheme, pairing)
+    pl = check_placement(hw, placement, n, scheme, pairing, t)
     seq = np.atleast_1d(np.asarray(seq_len))
     bat = np.atleast_1d(np.asarray(batch))
     if partition is not None:
@@ -617,7 +673,7 @@ def _largest_true(feasible_fn, lo: int, hi: int, grid: int = 64) -> int:
 def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks: int | None = None,
                        partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                        microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
-                       max_batch: int = DEFAULT_MAX_BATCH, **mbkr) -> int:
+                       max_batch: int = DEFAULT_MAX_BATCH, tp: int = 1, **mbkr) -> int:
     """Largest batch B' (requests) whose every stage fits its usable HBM; 0 if even B = 1 does not.
 
     A vectorised bracket search over B in [1, max_batch] (feasibility is monotone in
@@ -625,7 +681,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
     no KV outlives its microbatch, so B' is capped only by ``max_batch``.
     """
     cfg = _resolve(model, hardware, seq_len, scheme, chunks, 1, partition, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, max_batch, mbkr.get("pairing", "cross-half"))
+                   microbatch, placement, stages, dtype, max_batch, mbkr.get("pairing", "cross-half"), tp=tp)
     part = cfg["partition"]
     k_pad = bucket(-(-max_batch // microbatch)) if scheme == "gpipe" else bucket(len(part))
 
@@ -633,7 +689,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
         out = simulate_batch(cfg["model"], cfg["hardware"], cfg["seq_len"], scheme, batch=batches,
                              partition=part[None, :], release=release, admission=admission, num_batches=num_batches,
                              microbatch=microbatch, stages=cfg["stages"], placement=cfg["placement"],
-                             dtype=cfg["dtype"], k_pad=k_pad, **mbkr)
+                             dtype=cfg["dtype"], k_pad=k_pad, tp=cfg["tp"], **mbkr)
         return out["feasible"]
 
     return max(_largest_true(feasible, 1, int(max_batch)), 0)
@@ -642,7 +698,7 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
 def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: int = 16, batch: int = 1,
                          release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                          microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
-                         granularity: int = 1, max_seq_len: int = 1 << 24, **mbkr) -> int:
+                         granularity: int = 1, max_seq_len: int = 1 << 24, tp: int = 1, **mbkr) -> int:
     """Longest prompt S (a multiple of ``granularity``) that fits with uniform ``chunks`` chunks.
 
     A vectorised bracket search over S in [chunks, max_seq_len]; returns 0 if even
@@ -652,7 +708,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
     M = _positive_int("chunks", chunks)
     g = _positive_int("granularity", granularity)
     cfg = _resolve(model, hardware, max(M * g, 1), scheme, M, batch, None, release, admission, num_batches,
-                   microbatch, placement, stages, dtype, DEFAULT_MAX_BATCH, mbkr.get("pairing", "cross-half"))
+                   microbatch, placement, stages, dtype, DEFAULT_MAX_BATCH, mbkr.get("pairing", "cross-half"), tp=tp)
     lo = -(-M // g) if scheme != "gpipe" else 1
     hi = int(max_seq_len) // g
     if hi < lo:
@@ -662,7 +718,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
         seqs = units * g
         out = simulate_batch(cfg["model"], cfg["hardware"], seqs, scheme, chunks=M, batch=cfg["batch"],
                              release=release, admission=admission, num_batches=num_batches, microbatch=microbatch,
-                             stages=cfg["stages"], placement=cfg["placement"], dtype=cfg["dtype"], **mbkr)
+                             stages=cfg["stages"], placement=cfg["placement"], dtype=cfg["dtype"], tp=cfg["tp"], **mbkr)
         return out["feasible"]
 
     best = _largest_true(feasible, lo, hi)

@@ -330,13 +330,13 @@ def prefill_many(partition, batch, point: Point, shape: SimShape, structure: Sta
     t = costs.stage_times(model, hw, layout, c, p, b, last, N, stage_axis=-2)          # [K, N, C]
     d = costs.handoff_time(model, hw, layout, c, b, N, stage_axis=-2)
     stage_live = (jnp.arange(N) < n)[:, None]                                         # [N, 1]
-    kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, N)                          # [N]
+    kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, N, tensor_parallel=layout.tensor_parallel)   # [N]
     tokens = b * c                                                                    # [K, C] request-tokens
     kv = tokens[:, None, :] * kv_tok[None, :, None]                                   # [K, N, C]
     kv_scale = b[0][None, :] * kv_tok[:, None]                                        # [N, C] bytes per chunk token
     workspace = jnp.max(costs.item_workspace_bytes(model, hw, kv_tok, c, b, stage_axis=-2), axis=0)   # [N, C]
     workspace = jnp.where(stage_live, workspace, 0.0)
-    weights = costs.stage_weight_bytes(model, hw, n, N)[:, None]
+    weights = costs.stage_weight_bytes(model, hw, n, N, tensor_parallel=layout.tensor_parallel)[:, None]
     capacity = hw.usable_hbm
 
     f = finish_times_items_first(t, d)                                                # [K, N, C]

@@ -252,7 +252,7 @@ def evaluate(point: Point, shape: SimShape) -> dict:
     utilisation = jnp.where(stage_live, stage_work / period, 0.0)
 
     # KV memory (§6): add at finish, free at the group's release
-    kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, n_pad)   # [N]
+    kv_tok = costs.stage_kv_bytes_per_token(model, hw, n, n_pad, tensor_parallel=layout.tensor_parallel)   # [N]
     tokens = (it.requests * it.tokens).astype(dt)                   # [K] request-tokens per item
     kv = jnp.where(it.valid[:, None], tokens[:, None] * kv_tok[None, :], 0.0)   # [K, N]
     kve = jnp.broadcast_to(kv, (nb,) + kv.shape).reshape(nb * k_pad, n_pad)
@@ -273,7 +273,7 @@ def evaluate(point: Point, shape: SimShape) -> dict:
                                   costs.item_workspace_bytes(model, hw, kv_tok, it.tokens.astype(dt),
                                                              it.requests.astype(dt)), 0.0), axis=0)
     workspace = jnp.where(stage_live, workspace, 0.0)
-    weights = costs.stage_weight_bytes(model, hw, n, n_pad)
+    weights = costs.stage_weight_bytes(model, hw, n, n_pad, tensor_parallel=layout.tensor_parallel)
     capacity = hw.usable_hbm
     extra_out = {}
     fe, re = events(f)

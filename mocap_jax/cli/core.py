@@ -47,7 +47,10 @@ def add_config_args(p: argparse.ArgumentParser, schemes=None, seq_len=True):
     p.add_argument("--admission", default="streaming", choices=api.ADMISSION_MODES, help="batch admission mode")
     p.add_argument("--num-batches", type=positive_int, default=2, help="consecutive batches simulated (default 2)")
     p.add_argument("--microbatch", type=positive_int, default=1, help="requests per GPipe microbatch")
-    p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every die)")
+    p.add_argument("--stages", type=positive_int, default=None,
+                   help="pipeline stages (default: every die, or dies / tp stage groups)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: dies (GPUs) per pipeline stage (default 1)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--placement", default=None,
                    help="stage-to-die map: snake, searched, or comma-separated die indices "
@@ -69,7 +72,9 @@ def format_result(r: api.SimResult) -> str:
     """Readable multi-line summary of a :class:`SimResult`."""
     lat = f"{r.prefill_latency_s:.4f} s" if math.isfinite(r.prefill_latency_s) else \
         f"inf (infeasible; {r.extra.get('raw_latency_s', float('nan')):.4f} s ignoring memory)"
-    head = (f"{r.scheme} | {r.model} on {r.hardware} ({r.num_stages} stages) | S = {r.seq_len:,} tokens | "
+    tp = r.extra.get("tensor_parallel", 1)
+    layout = f"{r.num_stages} stages" + (f" x TP {tp}" if tp > 1 else "")
+    head = (f"{r.scheme} | {r.model} on {r.hardware} ({layout}) | S = {r.seq_len:,} tokens | "
             f"B = {r.batch} | " + (f"M = {r.chunks} chunks" if r.scheme != "gpipe" else f"{r.extra['items_per_batch']} microbatches"))
     lines = [head, "-" * len(head),
              f"  feasible           {'yes' if r.feasible else 'NO: some stage exceeds its usable HBM'}",
@@ -77,14 +82,15 @@ def format_result(r: api.SimResult) -> str:
              f"  throughput         {r.throughput_rps:.3f} requests/s (saturation, {r.admission} admission)",
              f"  bubble fraction    {100 * r.bubble_fraction:.1f} %",
              f"  KV release         {r.release}; {r.num_batches} batch(es) simulated",
-             "", "  stage  die  weights GB  KV peak GB  workspace GB  peak GB  / usable GB  util %"]
+             "", "  stage  die  weights GB  KV peak GB  workspace GB  peak GB  / usable GB  util %"
+             + ("   (per die; die = the group's first)" if tp > 1 else "")]
     for s in range(r.num_stages):
-        lines.append(f"  {s:5d} {int(r.placement[s]):4d}    {_gb(r.weight_bytes_per_stage[s])}    "
+        lines.append(f"  {s:5d} {int(np.ravel(r.placement[s])[0]):4d}    {_gb(r.weight_bytes_per_stage[s])}    "
                      f"{_gb(r.kv_peak_bytes_per_stage[s])}      {_gb(r.workspace_bytes_per_stage[s])} "
                      f"{_gb(r.peak_mem_bytes_per_stage[s])}   {_gb(r.capacity_bytes)}   "
                      f"{100 * r.stage_utilisation[s]:5.1f}")
     for k, v in r.extra.items():
-        if k not in ("raw_latency_s", "items_per_batch") and not isinstance(v, (list, np.ndarray, dict)):
+        if k not in ("raw_latency_s", "items_per_batch", "tensor_parallel") and not isinstance(v, (list, np.ndarray, dict)):
             lines.append(f"  {k:<22} {v:.6g}" if isinstance(v, float) else f"  {k:<22} {v}")
     return "\n".join(lines)
 
@@ -93,15 +99,18 @@ def placement_arg(text):
     if text is None or text in ("snake", "searched"):
         return text
     try:
+        if ";" in text:   # stage groups (--tp > 1): dies of each group, groups separated by ';'
+            return [[int(x) for x in group.split(",") if x.strip()] for group in text.split(";") if group.strip()]
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--placement takes snake, searched or comma-separated die indices, got {text!r}") from None
+        raise ValueError(f"--placement takes snake, searched, comma-separated die indices, or with --tp groups of "
+                         f"them separated by ';' (0,1;2,3), got {text!r}") from None
 
 
 def _sim_kwargs(args) -> dict:
     return dict(chunks=args.chunks, release=args.release, admission=args.admission, num_batches=args.num_batches,
                 microbatch=args.microbatch, stages=args.stages, dtype=args.dtype, placement=placement_arg(args.placement),
-                pairing=args.pairing, p1=args.p1, p2=args.p2, read_overlap=args.read_overlap)
+                pairing=args.pairing, p1=args.p1, p2=args.p2, read_overlap=args.read_overlap, tp=args.tp)
 
 
 PLANNED_SCHEMES = ("terapipe-dp", "lbcp", "mocap")
@@ -115,6 +124,9 @@ def cmd_simulate(args) -> int:
 
         if partition is not None:
             raise ValueError(f"--scheme {scheme} plans its own chunk sizes; drop --partition or use terapipe/mbkr")
+        if args.tp > 1:
+            raise ValueError(f"--scheme {scheme} plans chunk sizes for single-die stages only; with --tp > 1 use "
+                             f"--scheme terapipe, mbkr or gpipe (with --partition for your own chunk sizes)")
         g = args.granularity
         if scheme == "terapipe-dp":
             partition = compare.terapipe_dp_partition(args.model, args.hardware, args.seq_len, g,
