@@ -10,7 +10,8 @@ all measured in one run.
 
 This simulator runs each configuration as GPipe over ``pp`` stage groups of ``tp`` GPUs with
 microbatches of ``batch // pp`` requests (GenZ's pipeline rule), so the two model the same
-schedule.  GenZ runs twice: with its default system efficiency of 1 (an ideal roofline) and with
+schedule; GenZ's batch latency is ``batch / throughput`` (its ``Latency`` field is one
+microbatch's).  GenZ runs twice: with its default system efficiency of 1 (an ideal roofline) and with
 the preset's ``eff_gemm`` as its system efficiency.  Wall time: GenZ's ``prefill_moddeling``
 call per configuration; ours, one :func:`mocap_jax.simulate` call after a warm-up call of the
 same configuration (compilation excluded, reported apart), and ``simulate_batch`` over all
@@ -52,7 +53,7 @@ for c in json.load(sys.stdin):
             r = prefill_moddeling(model=c["genz_model"], batch_size=c["batch"], input_tokens=c["seq_len"],
                                   system_name=system, system_eff=eff, bits="bf16", tensor_parallel=c["tp"],
                                   pipeline_parallel=c["pp"])
-            row[key + "_latency_s"] = float(r["Latency"]) / 1e3
+            row[key + "_latency_s"] = c["batch"] / float(r["Throughput"])   # the whole batch (Latency: one microbatch)
         except Exception as e:
             row[key + "_latency_s"] = None
             row[key + "_error"] = f"{type(e).__name__}: {e}"[:200]
