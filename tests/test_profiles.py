@@ -50,8 +50,13 @@ def test_loader_bad_input(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def report():
-    return pr.profiles_report(DATA)
+def rows():
+    return pr.load_operator_profiles(DATA)
+
+
+@pytest.fixture(scope="module")
+def report(rows):
+    return pr.profiles_report(DATA, operators=rows)
 
 
 @needs_data
@@ -69,12 +74,11 @@ def test_cross_gpu_gemm_target_met_on_the_vidur_profiles(report):
 
 
 @needs_data
-def test_shipped_gemm_curve_default_is_the_pooled_fit(report):
+def test_shipped_gemm_curve_default_is_the_pooled_fit(report, rows):
     pooled = report["fits"]["pooled"]
     assert HardwareSpec(name="d").gemm_fixed_s == pytest.approx(pooled["gemm_fixed_s"], rel=0.02)
     assert 0.6 < pooled["eff_gemm"] < 0.8 and 0.5 < pooled["eff_hbm"] <= 1.0
     # a fitted curve predicts better than the flat plateau fitted to the same GPU
-    rows = pr.load_operator_profiles(DATA)
     a100 = rows.select((rows.gpu == "a100") & np.isin(rows.operator, pr.GEMM_OPERATORS))
     hw = pr.hardware_for("a100").replace(**report["fits"]["a100"])
     flat = pr.mape(pr.predict_operators(a100, hw.replace(gemm_fixed_s=0.0)), a100.measured_s)

@@ -175,7 +175,7 @@ def test_tp_degree_is_traced_vmap_over_layouts():
     layouts = [StageLayout.from_groups(hw, mesh.stage_groups(hw, 8 // t, t), 8) for t in (1, 2, 4, 8)]
     stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *layouts)
     args = (jnp.array([1024.0]), jnp.array([0.0]), jnp.array([1.0]), jnp.array([True]))
-    batched = jax.vmap(lambda lay: costs.stage_times(mp, hp, lay, *args, 8))(stacked)
+    batched = jax.jit(jax.vmap(lambda lay: costs.stage_times(mp, hp, lay, *args, 8)))(stacked)
     for i, lay in enumerate(layouts):
         np.testing.assert_allclose(batched[i], costs.stage_times(mp, hp, lay, *args, 8), rtol=1e-6)
 

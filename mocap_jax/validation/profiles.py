@@ -308,15 +308,16 @@ def collective_report(network: list[dict], hardware=None) -> dict[str, Any]:
     return dict(fits=fits, rows=rows)
 
 
-def profiles_report(root, hardware=None) -> dict[str, Any]:
+def profiles_report(root, hardware=None, operators: OperatorRows | None = None) -> dict[str, Any]:
     """Everything ``mocap-jax validate --profiles`` reports (see the module docstring).
 
     Returns a dict: ``gpus``; ``fits`` per GPU and ``pooled`` (both GPUs); ``cross_gpu`` and
     ``datasheet`` per target GPU (summary + ``by_operator``); ``collectives``; ``target``
     (``met`` when every case (a) GEMM MAPE at >= 512 tokens is within 10%); ``points`` (per
-    case: GPU, measured and predicted seconds of GEMMs, for the figure).
+    case: GPU, measured and predicted seconds of GEMMs, for the figure).  ``operators``: the
+    rows of ``root`` if already loaded (:func:`load_operator_profiles`).
     """
-    rows = load_operator_profiles(root)
+    rows = load_operator_profiles(root) if operators is None else operators
     gpus = sorted(set(rows.gpu.tolist()))
     specs = {g: hardware_for(g, hardware) for g in gpus}
     fits = {g: fit_gemm_efficiency(rows.select(rows.gpu == g), specs[g]) for g in gpus}
