@@ -929,7 +929,7 @@ def build_fast_inputs(plan: Plan, bucket: Bucket, r: Resolved, cache: TemplateCa
     routes = [cache.route(r.hw_specs[h], int(n), n_pad, t["placement"][pl], t["scheme"][s], t["pairing"][pa], mode)
               for h, n, pl, s, pa in u]
     num_stages, hhops, hbw, pcode, shops, sbw = (np.stack([x[i] for x in routes])[inv] for i in range(6))
-    layout = StageLayout(num_stages=num_stages, handoff_hops=hhops, handoff_bandwidth=hbw)
+    layout = StageLayout.single_die(num_stages, hhops, hbw)
     mb = MBKRParams(p1=col("p1", np.float64).astype(dt), p2=col("p2", np.float64).astype(dt),
                     read_overlap=col("read_overlap", np.float64).astype(dt), pairing=pcode, stage_hops=shops,
                     stage_bandwidth=sbw)

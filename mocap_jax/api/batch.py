@@ -22,7 +22,7 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
                    microbatch: int = 1, stages: int | None = None, placement=None, dtype="float32",
                    block_size: int = 4096, k_pad: int | None = None, pairing: str = "cross-half",
                    p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
-                   spill: str = "overflow", fields=DEFAULT_FIELDS) -> dict[str, np.ndarray]:
+                   spill: str = "overflow", fields=DEFAULT_FIELDS, tp: int = 1) -> dict[str, np.ndarray]:
     """Evaluate P configurations of one model and hardware.
 
     Args:
@@ -78,7 +78,8 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     first = part[0][part[0] > 0] if scheme != "gpipe" else None
     cfg = resolve(model, hardware, int(seq[0]), scheme, batch=int(bat[0]), partition=first, release=release,
                   admission=admission, num_batches=num_batches, microbatch=microbatch, placement=placement,
-                  stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill)
+                  stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill,
+                  tp=tp)
     if scheme == "gpipe":
         items = gpipe_items(seq, bat, cfg.microbatch, slots)
     else:

@@ -23,7 +23,7 @@ from ..prefill.points import MBKRSettings, build_point
 from ..schedule.items import ItemTable, chunked_items, gpipe_items, pad_items, uniform_partition
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape, bucket
 from ..specs import LIMITS, HardwareSpec, ModelSpec, SpecError, checks, get_hardware, get_model
-from ..specs.mesh import snake_placement
+from ..specs.mesh import snake_placement, stage_groups
 
 SCHEMES = ("gpipe", "terapipe", "mbkr")
 RELEASE_POLICIES = tuple(p.value for p in Release)
@@ -58,20 +58,35 @@ def check_partition(partition, seq_len: int) -> np.ndarray:
     return part
 
 
-def check_stages(model: ModelSpec, hw: HardwareSpec, stages) -> int:
-    n = hw.num_dies if stages is None else checks.integer("stages", stages, 1, LIMITS["dies"])
-    if n > hw.num_dies:
-        raise SpecError(f"{n} stages need {n} dies but {hw.name} has {hw.num_dies}; use fewer stages or a larger mesh")
+def check_tensor_parallel(model: ModelSpec, hw: HardwareSpec, tp) -> int:
+    """Dies per stage group: a positive integer that divides the model's heads the way engines require."""
+    t = checks.integer("tp", tp, 1, LIMITS["dies"], " Pass the dies (GPUs) per pipeline stage, e.g. tp=4.")
+    if t > hw.num_dies:
+        raise SpecError(f"tp={t} needs {t} dies per stage but {hw.name} has {hw.num_dies}; use a smaller tp")
+    if model.q_heads % t:
+        raise SpecError(f"tp={t} does not divide the {model.q_heads} attention heads of {model.name}; "
+                        f"choose a tp that divides {model.q_heads}")
+    if model.attention == "gqa" and model.kv_heads % t and t % model.kv_heads:
+        raise SpecError(f"tp={t} neither divides nor is a multiple of the {model.kv_heads} KV heads of {model.name}; "
+                        f"choose a divisor or a multiple of {model.kv_heads}")
+    return t
+
+
+def check_stages(model: ModelSpec, hw: HardwareSpec, stages, tp: int = 1) -> int:
+    n = hw.num_dies // tp if stages is None else checks.integer("stages", stages, 1, LIMITS["dies"])
+    if n * tp > hw.num_dies:
+        raise SpecError(f"{n} stages of {tp} dies need {n * tp} dies but {hw.name} has {hw.num_dies}; "
+                        f"use fewer stages, a smaller tp or a larger mesh")
     if n > model.layers:
         raise SpecError(f"{model.name} has {model.layers} layers, fewer than {n} pipeline stages; "
                         f"pass stages <= {model.layers} or a smaller mesh")
     return n
 
 
-def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int) -> None:
+def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int, tp: int = 1) -> None:
     """Refuse a model whose largest stage cannot even hold its weights."""
     w = costs.stage_weight_bytes(ModelParams.from_spec(model, np.float64), HardwareParams.from_spec(hw, np.float64),
-                                 n, n, xp=np)
+                                 n, n, xp=np, tensor_parallel=float(tp))
     usable = hw.hbm_capacity * hw.usable_hbm_fraction
     worst = int(np.argmax(w))
     if w[worst] > usable:
@@ -79,7 +94,7 @@ def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int) -> None:
         raise SpecError(
             f"{model.name} does not fit {hw.name}: stage {worst} needs {w[worst] / 1e9:.1f} GB of weights but a die "
             f"has {usable / 1e9:.1f} GB usable; use a mesh of at least ~{math.ceil(need)} dies "
-            f"(e.g. --hardware mocap-RxC) or a smaller model")
+            f"(e.g. --hardware mocap-RxC), a larger tp or a smaller model")
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,8 +106,28 @@ def searched_placement(hw: HardwareSpec, n: int, pairing: str) -> np.ndarray:
     return search_placement(hw, n, static).placement
 
 
-def check_placement(hw: HardwareSpec, placement, n: int, scheme: str, pairing: str) -> np.ndarray:
-    """``None`` (searched for MBKR, snake otherwise), ``"snake"``, ``"searched"`` or N distinct die indices."""
+def check_group_placement(hw: HardwareSpec, placement, n: int, tp: int) -> np.ndarray:
+    """Dies of each stage group, ``[N, tp]``: the default groups (None or "snake") or a nested list."""
+    if placement is None or (isinstance(placement, str) and placement == "snake"):
+        try:
+            return stage_groups(hw, n, tp)
+        except ValueError as e:
+            raise SpecError(f"{e}, or list the dies of each group as placement") from None
+    if isinstance(placement, str):
+        raise SpecError(f"with tp={tp} placement must be 'snake' or a list of {n} groups of {tp} die indices; "
+                        f"a searched placement of stage groups is not available, got {placement!r}")
+    groups = checks.integers("placement", placement, 0, hw.num_dies - 1)
+    if groups.shape != (n, tp) or len(np.unique(groups)) != n * tp:
+        raise SpecError(f"placement must list {n} groups of {tp} distinct die indices in [0, {hw.num_dies}) "
+                        f"(each group in ring order), got {np.asarray(placement).tolist()}")
+    return groups
+
+
+def check_placement(hw: HardwareSpec, placement, n: int, scheme: str, pairing: str, tp: int = 1) -> np.ndarray:
+    """``None`` (searched for MBKR, snake otherwise), ``"snake"``, ``"searched"`` or N distinct die indices;
+    with ``tp > 1`` the dies of each stage group (:func:`check_group_placement`)."""
+    if tp > 1:
+        return check_group_placement(hw, placement, n, tp)
     if placement is None:
         placement = "searched" if scheme == "mbkr" and pairing != "none" else "snake"
     if isinstance(placement, str):
@@ -119,7 +154,7 @@ class Config:
       microbatch: requests per GPipe microbatch.
       num_batches: consecutive batches simulated.
       release, admission: policies.
-      placement: ``[N]`` die of each stage.
+      placement: ``[N]`` die of each stage, or ``[N, tp]`` dies of each tensor-parallel stage group.
       mbkr: MBKR settings (used by ``mbkr``).
       dtype: float32 or float64.
     """
@@ -137,6 +172,7 @@ class Config:
     placement: np.ndarray
     mbkr: MBKRSettings
     dtype: np.dtype
+    tp: int = 1
 
     @property
     def stages(self) -> int:
@@ -175,7 +211,7 @@ class Config:
 def resolve(model, hardware, seq_len, scheme: str = "terapipe", *, chunks=None, batch=1, partition=None,
             release: str = "stage", admission: str = "streaming", num_batches=2, microbatch=1, placement=None,
             stages=None, dtype="float32", pairing: str = "cross-half", p1=DEFAULT_P1, p2=DEFAULT_P2,
-            read_overlap=DEFAULT_READ_OVERLAP, spill: str = "overflow") -> Config:
+            read_overlap=DEFAULT_READ_OVERLAP, spill: str = "overflow", tp=1) -> Config:
     """Validate every argument of a simulation and build its :class:`Config` (``batch`` must be an int)."""
     m, hw = get_model(model), get_hardware(hardware)
     checks.choice("scheme", scheme, SCHEMES)
@@ -198,8 +234,10 @@ def resolve(model, hardware, seq_len, scheme: str = "terapipe", *, chunks=None, 
         raise SpecError(f"{-(-B // micro)} GPipe microbatches exceed the {LIMITS['chunks']} items per batch the "
                         f"simulator holds; use a larger microbatch")
     settings = MBKRSettings(checks.choice("pairing", pairing, PAIRINGS), p1, p2, read_overlap, spill)
-    n = check_stages(m, hw, stages)
-    check_weights_fit(m, hw, n)
-    pl = check_placement(hw, placement, n, scheme, pairing)
+    t = check_tensor_parallel(m, hw, tp)
+    n = check_stages(m, hw, stages, t)
+    check_weights_fit(m, hw, n, t)
+    pl = check_placement(hw, placement, n, scheme, pairing, t)
     return Config(model=m, hardware=hw, scheme=scheme, seq_len=S, batch=B, partition=part, microbatch=micro,
-                  num_batches=nb, release=rel, admission=adm, placement=pl, mbkr=settings, dtype=check_dtype(dtype))
+                  num_batches=nb, release=rel, admission=adm, placement=pl, mbkr=settings, dtype=check_dtype(dtype),
+                  tp=t)

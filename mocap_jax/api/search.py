@@ -74,7 +74,8 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
                        partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                        microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
                        max_batch: int = 1024, pairing: str = "cross-half", p1: float = DEFAULT_P1,
-                       p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP, spill: str = "overflow") -> int:
+                       p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP, spill: str = "overflow",
+                       tp: int = 1) -> int:
     """Largest batch B' (requests) whose every stage fits its usable HBM at every instant; 0 if even B = 1 does not.
 
     A vectorised bracket search over B in ``[1, max_batch]`` (feasibility is monotone in B: KV and
@@ -83,7 +84,8 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
     limit = checks.integer("max_batch", max_batch, 1, LIMITS["batch"])
     cfg = resolve(model, hardware, seq_len, scheme, chunks=chunks, batch=1, partition=partition, release=release,
                   admission=admission, num_batches=num_batches, microbatch=microbatch, placement=placement,
-                  stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill)
+                  stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill,
+                  tp=tp)
     if cfg.scheme == "gpipe" and -(-limit // cfg.microbatch) > LIMITS["chunks"]:
         raise SpecError(f"max_batch {limit} needs {-(-limit // cfg.microbatch)} GPipe microbatches, more than the "
                         f"{LIMITS['chunks']} items a batch holds; use a larger microbatch or a smaller max_batch")
@@ -95,7 +97,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
                          microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
                          granularity: int = 1, max_seq_len: int = 1 << 24, pairing: str = "cross-half",
                          p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
-                         spill: str = "overflow", fractions=None) -> int:
+                         spill: str = "overflow", fractions=None, tp: int = 1) -> int:
     """Longest prompt S (a multiple of ``granularity``, at most ``max_seq_len``) that fits.
 
     Chunked schemes use ``chunks`` uniform chunks, or the chunk-size ``fractions`` (summing to 1)
@@ -107,7 +109,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
                          f" The simulator represents prompts of up to {LIMITS['seq_len']:,} tokens.")
     cfg = resolve(model, hardware, max(M, g), scheme, chunks=M, batch=batch, release=release, admission=admission,
                   num_batches=num_batches, microbatch=microbatch, placement=placement, stages=stages, dtype=dtype,
-                  pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill)
+                  pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill, tp=tp)
     lo = 1 if scheme == "gpipe" else -(-M // g)
     hi = top // g
     if hi < lo:

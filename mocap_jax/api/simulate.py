@@ -132,7 +132,7 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
              num_batches: int = 2, microbatch: int = 1, placement=None, stages: int | None = None,
              dtype="float32", max_batch: int = DEFAULT_MAX_BATCH, timeline: bool = True,
              pairing: str = "cross-half", p1: float = DEFAULT_P1, p2: float = DEFAULT_P2,
-             read_overlap: float = DEFAULT_READ_OVERLAP, spill: str = "overflow") -> SimResult:
+             read_overlap: float = DEFAULT_READ_OVERLAP, spill: str = "overflow", tp: int = 1) -> SimResult:
     """Simulate prefill of ``num_batches`` batches of ``batch`` requests of ``seq_len`` tokens.
 
     Args:
@@ -155,6 +155,8 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
       max_batch: upper end of the ``batch="auto"`` search.
       timeline: also compute per-stage KV and memory over time.
       pairing, p1, p2, read_overlap, spill: MBKR settings (:mod:`mocap_jax.mbkr.pairing`).
+      tp: tensor-parallel degree, dies (GPUs) per pipeline stage (Megatron sharding, two all-reduces per
+        block over the group's ring; docs/cost_model.md); with ``tp > 1`` ``placement`` lists each group's dies.
 
     Returns:
       :class:`SimResult`; for MBKR, ``extra`` holds spilled bytes and remote-read, spill-write,
@@ -164,7 +166,7 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
     cfg = resolve(model, hardware, seq_len, scheme, chunks=chunks, batch=1 if auto else batch, partition=partition,
                   release=release, admission=admission, num_batches=num_batches, microbatch=microbatch,
                   placement=placement, stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2,
-                  read_overlap=read_overlap, spill=spill)
+                  read_overlap=read_overlap, spill=spill, tp=tp)
     if auto:
         from .search import largest_feasible_batch
 
@@ -190,7 +192,7 @@ def run(cfg: Config, timeline: bool = True, items=None) -> SimResult:
     n, K, nb = cfg.stages, shape.items, cfg.num_batches
     rows = (np.arange(nb)[:, None] * K + np.arange(k1)[None, :]).reshape(-1)
     finish, start = np.asarray(ev.finish)[rows, :n], np.asarray(ev.start)[rows, :n]
-    extra: dict = {"items_per_batch": k1}
+    extra: dict = {"items_per_batch": k1, "tensor_parallel": cfg.tp}
     if cfg.mbkr_mode != MBKRMode.OFF:
         s = cfg.mbkr
         extra.update(pairing=s.pairing, p1=s.p1, p2=s.p2, read_overlap=s.read_overlap, spill=s.spill,

@@ -68,8 +68,11 @@ def int_list(text: str) -> list[int]:
 
 
 def placement_arg(text: str | None):
+    """snake, searched, comma-separated die indices, or groups of them separated by ';' (with --tp)."""
     if text is None or text in ("snake", "searched"):
         return text
+    if ";" in text:
+        return [int_list(group) for group in text.split(";") if group.strip()]
     return int_list(text)
 
 

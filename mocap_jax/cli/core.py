@@ -28,11 +28,14 @@ def add_config_args(p, schemes=None, seq_len=True):
     p.add_argument("--admission", default="streaming", choices=api.ADMISSION_MODES, help="batch admission mode")
     p.add_argument("--num-batches", type=positive_int, default=2, help="consecutive batches simulated (default 2)")
     p.add_argument("--microbatch", type=positive_int, default=1, help="requests per GPipe microbatch")
-    p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every die)")
+    p.add_argument("--stages", type=positive_int, default=None,
+                   help="pipeline stages (default: every die, or dies / tp stage groups)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: dies (GPUs) per pipeline stage (default 1)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--placement", type=placement_arg, default=None,
-                   help="stage-to-die map: snake, searched, or comma-separated die indices "
-                        "(default: searched for MBKR schemes, snake otherwise)")
+                   help="stage-to-die map: snake, searched, or comma-separated die indices; with --tp, the dies "
+                        "of each group, groups separated by ';' (default: searched for MBKR schemes, snake otherwise)")
     add_mbkr_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
@@ -40,7 +43,7 @@ def add_config_args(p, schemes=None, seq_len=True):
 def sim_kwargs(args) -> dict:
     return dict(chunks=args.chunks, release=args.release, admission=args.admission, num_batches=args.num_batches,
                 microbatch=args.microbatch, stages=args.stages, dtype=args.dtype, placement=args.placement,
-                **mbkr_kwargs(args))
+                tp=args.tp, **mbkr_kwargs(args))
 
 
 def format_result(r: api.SimResult) -> str:
@@ -56,7 +59,7 @@ def format_result(r: api.SimResult) -> str:
              f"  throughput         {r.throughput_rps:.3f} requests/s (saturation, {r.admission} admission)",
              f"  bubble fraction    {100 * r.bubble_fraction:.1f} %",
              f"  KV release         {r.release}; {r.num_batches} batch(es) simulated", ""]
-    rows = [{"stage": s, "die": int(r.placement[s]), "weights": r.weight_bytes_per_stage[s] / 1e9,
+    rows = [{"stage": s, "die": int(np.ravel(r.placement[s])[0]), "weights": r.weight_bytes_per_stage[s] / 1e9,
              "kv": r.kv_peak_bytes_per_stage[s] / 1e9, "peak": r.peak_mem_bytes_per_stage[s] / 1e9,
              "usable": r.capacity_bytes / 1e9, "util": 100 * r.stage_utilisation[s]} for s in range(r.num_stages)]
     lines.append(table(rows, [("stage", "stage"), ("die", "die"), ("weights", "weights GB"), ("kv", "KV peak GB"),
@@ -76,6 +79,9 @@ def cmd_simulate(args) -> int:
 
         if args.partition is not None:
             raise ValueError(f"--scheme {args.scheme} plans its own chunk sizes; drop --partition or use terapipe/mbkr")
+        if args.tp > 1:
+            raise ValueError(f"--scheme {args.scheme} plans chunk sizes for single-die stages; with --tp > 1 use "
+                             f"terapipe, mbkr or gpipe")
         st = CompareSettings(chunks=args.chunks or 16, max_batch=args.max_batch, release=args.release,
                              admission=args.admission, num_batches=args.num_batches, dtype=args.dtype,
                              mbkr=MBKRSettings(**mbkr_kwargs(args)),

@@ -7,8 +7,14 @@ the event-driven MBKR reference (float64; ``--mbkr-configs``), and calibration o
 the §4 cost model against measured execution (MAPE), when the calibration module
 is installed.
 
+``validate --profiles DIR`` instead checks the cost model against measured GPU operator
+profiles (Vidur CSV layout; :mod:`mocap_jax.validation.profiles`), and ``validate --published
+[FILE]`` against published end-to-end prefill measurements
+(:mod:`mocap_jax.validation.published`).
+
 ``bench reference`` times the same configurations through the reference and through
-one ``simulate_batch`` call and reports the speed-up.
+one ``simulate_batch`` call and reports the speed-up; ``bench peer`` runs a published
+simulator side by side (:mod:`mocap_jax.bench.peer`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,16 @@ def register(subparsers, bench_subparsers) -> None:
                    help="random MBKR configurations for the approximation error of the array program's MBKR "
                         "against the event-driven MBKR reference (default 1000; 0 skips it)")
     p.add_argument("--no-calibration", action="store_true", help="skip the calibration check")
+    p.add_argument("--profiles", metavar="DIR", default=None,
+                   help="instead: compare the cost model with GPU operator profiles in the Vidur CSV layout "
+                        "(compute/GPU/ORG/MODEL/mlp.csv, network/NAME/*.csv), e.g. ../shared/data/vidur-profiling")
+    p.add_argument("--hardware", metavar="SPEC", default=None,
+                   help="with --profiles: hardware preset or spec file for the profiled GPU (default: the preset "
+                        "named by each GPU folder)")
+    p.add_argument("--published", metavar="FILE", nargs="?", const="", default=None,
+                   help="instead: predict published end-to-end prefill measurements (default: the table shipped "
+                        "in mocap_jax/data/published_prefill.csv; any file in that format)")
+    p.add_argument("--figure", metavar="PNG", default=None, help="with --profiles: write predicted vs measured here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=cmd_validate)
 
@@ -77,6 +93,10 @@ def register(subparsers, bench_subparsers) -> None:
     b.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench_reference)
+
+    from ..bench.peer import register_bench
+
+    register_bench(bench_subparsers)
 
 
 # --------------------------------------------------------------------------- validate
@@ -132,6 +152,10 @@ def agreement_ok(report: dict[str, Any]) -> bool:
 
 
 def cmd_validate(args) -> int:
+    if args.profiles is not None or args.published is not None:
+        return cmd_measurements(args)
+    if args.hardware is not None or args.figure is not None:
+        raise ValueError("--hardware and --figure go with --profiles")
     calibration = {"available": False, "reason": "skipped (--no-calibration)"} if args.no_calibration \
         else calibration_check("small")
     reports = {"float32": run_reference_agreement(args.configs, args.seed, "float32")}
@@ -228,6 +252,44 @@ def format_validate(reports: dict[str, dict], calibration: dict[str, Any], confi
     else:
         lines.append(f"calibration: unavailable ({calibration.get('reason')})")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- measured GPUs
+
+
+def cmd_measurements(args) -> int:
+    """``validate --profiles`` and/or ``--published``: exit 1 when the profiles' GEMM target is missed."""
+    out: dict[str, Any] = {}
+    ok = True
+    if args.profiles is not None:
+        from ..validation.profiles import profiles_report
+
+        out["profiles"] = profiles_report(args.profiles, args.hardware)
+        ok = out["profiles"]["target"]["met"]
+        if args.figure:
+            from ..figures.profiles import plot_profiles
+
+            plot_profiles(out["profiles"], args.figure)
+    elif args.hardware is not None or args.figure is not None:
+        raise ValueError("--hardware and --figure go with --profiles")
+    if args.published is not None:
+        from ..validation.published import published_report
+
+        out["published"] = published_report(args.published or None)
+    if args.json:
+        if "profiles" in out:
+            out["profiles"] = {k: v for k, v in out["profiles"].items() if k != "points"}
+        print(json.dumps(_jsonable(out), indent=2))
+    else:
+        from .measurements import format_profiles, format_published
+
+        text = []
+        if "profiles" in out:
+            text.append(format_profiles(out["profiles"]))
+        if "published" in out:
+            text.append(format_published(out["published"]))
+        print("\n\n".join(text))
+    return 0 if ok else 1
 
 
 # --------------------------------------------------------------------------- bench reference

@@ -158,11 +158,12 @@ class Structure:
         valid = it.valid[:, None]
         self.t = jnp.where(valid, costs.stage_times(model, hw, layout, c, p, b, it.last, N), 0.0)
         self.d = jnp.where(valid, costs.handoff_time(model, hw, layout, c, b, N), 0.0)
-        kv_tok = costs.stage_kv_bytes_per_token(model, hw, self.n, N)
+        kv_tok = costs.stage_kv_bytes_per_token(model, hw, self.n, N, tensor_parallel=layout.tensor_parallel)
         self.kv = jnp.where(valid, (b * c)[:, None] * kv_tok[None, :], 0.0)
         self.activation = jnp.where(valid, costs.item_activation_bytes(model, hw, layout, c, b, it.last, N), 0.0)
         self.attention = jnp.where(valid, costs.stage_attention_times(model, hw, layout, c, p, b, N), 0.0)
-        self.weights = jnp.where(self.live, costs.stage_weight_bytes(model, hw, self.n, N), 0.0)
+        self.weights = jnp.where(self.live, costs.stage_weight_bytes(model, hw, self.n, N,
+                                                                     tensor_parallel=layout.tensor_parallel), 0.0)
         self.usable = hw.usable_hbm
         self.requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))

@@ -70,11 +70,21 @@ def mbkr_params(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings,
 
 def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, dtype,
                 settings: MBKRSettings | None = None) -> Point:
-    """One configuration as a pytree of NumPy numbers (``items`` already padded to the bucket)."""
+    """One configuration as a pytree of NumPy numbers (``items`` already padded to the bucket).
+
+    ``placement`` is the die of each stage ``[N]``, or the dies of each tensor-parallel stage group
+    ``[N, t]``; MBKR routes then run between the groups' first dies.
+    """
     settings = settings or MBKRSettings()
+    placement = np.asarray(placement)
+    if placement.ndim == 2:
+        layout = StageLayout.from_groups(hw, placement, n_pad, dtype)
+        firsts = placement[:, 0]
+    else:
+        layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
+        firsts = placement
     return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
-                 layout=StageLayout.from_placement(hw, placement, n_pad, dtype),
-                 mbkr=mbkr_params(hw, placement, n_pad, settings, dtype))
+                 layout=layout, mbkr=mbkr_params(hw, firsts, n_pad, settings, dtype))
 
 
 def stack_points(points: list[Point]) -> Point:

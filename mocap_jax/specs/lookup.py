@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .checks import LIMITS, SpecError, suggest
-from .hardware import HARDWARE_PRESETS, HardwareSpec, mocap_wafer
+from .gpus import GPUS
+from .hardware import HARDWARE_PRESETS, HardwareSpec, gpu_node, mocap_wafer
 from .model import MODEL_ALIASES, MODEL_PRESETS, ModelSpec
 
 
@@ -83,6 +84,14 @@ def _parse_mesh_name(name: str) -> HardwareSpec | None:
     return mocap_wafer(r, c, wafers=w)
 
 
+def _parse_gpu_name(name: str) -> HardwareSpec | None:
+    """``KIND-xG``, ``KIND-xGxNn`` (N nodes) and either with ``-fp8`` (e.g. ``h100-x4``, ``h20-x8x4n-fp8``)."""
+    m = re.fullmatch(r"([a-z0-9]+)-x(\d+)(?:x(\d+)n)?(-fp8)?", name)
+    if not m or m.group(1) not in GPUS:
+        return None
+    return gpu_node(m.group(1), int(m.group(2)), int(m.group(3) or 1), "fp8" if m.group(4) else "bf16")
+
+
 def get_model(name_or_spec: "str | ModelSpec | Path") -> ModelSpec:
     """Resolve a preset name, a path to a JSON/TOML file, or pass a ModelSpec through."""
     if isinstance(name_or_spec, ModelSpec):
@@ -101,7 +110,8 @@ def get_model(name_or_spec: "str | ModelSpec | Path") -> ModelSpec:
 
 
 def get_hardware(name_or_spec: "str | HardwareSpec | Path") -> HardwareSpec:
-    """Resolve a preset name (also any ``mocap-RxC`` / ``mocap-RxCxWw``), a spec file, or a HardwareSpec."""
+    """Resolve a preset name (also any ``mocap-RxC`` / ``mocap-RxCxWw``, and GPU nodes ``KIND-xG[xNn][-fp8]``
+    such as ``h100-x4`` or ``h20-x8x4n-fp8``), a spec file, or a HardwareSpec."""
     if isinstance(name_or_spec, HardwareSpec):
         return name_or_spec
     name = str(name_or_spec)
@@ -111,9 +121,12 @@ def get_hardware(name_or_spec: "str | HardwareSpec | Path") -> HardwareSpec:
     mesh = _parse_mesh_name(key)
     if mesh is not None:
         return mesh
+    gpus = _parse_gpu_name(key)
+    if gpus is not None:
+        return gpus
     p = Path(name)
     if p.suffix.lower() in (".json", ".toml"):
         data = _load_file(p)
         return _from_mapping(HardwareSpec, _spec_table(data, "hardware", str(p)), str(p))
     raise SpecError(f"unknown hardware {name!r}.{suggest(key, HARDWARE_PRESETS, 0.4)} "
-                    f"Run `mocap-jax hardware` for the list, use mocap-RxC for any mesh, or pass a .json/.toml spec file.")
+                    f"Run `mocap-jax hardware` for the list, use mocap-RxC for any mesh, KIND-xG[xNn][-fp8] for GPU nodes (e.g. h100-x4), or pass a .json/.toml spec file.")

@@ -262,6 +262,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   published_params=671e9, published_active_params=37e9),
         # WSC-LLM's small model class.
         ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 128, 32000, published_params=6.74e9),
+        # Llama-2-70B (GQA, 32k vocabulary): the model of published TensorRT-LLM / LMDeploy measurements.
+        ModelSpec("llama2-70b", 80, 8192, 28672, 64, 8, 128, 32000, published_params=69.0e9),
     ]
 }
 

@@ -384,7 +384,7 @@ def nominal_hardware(device_kind: str, platform: str, dtype_bytes: float, measur
     hw = HardwareSpec(name=f"local-{platform}", rows=1, cols=1, topology="switch", peak_flops=float(peak),
                       hbm_capacity=80e9, hbm_bandwidth=float(bw), eff_gemm=1.0, eff_attention=1.0, eff_hbm=1.0,
                       weight_bytes=float(dtype_bytes), kv_bytes=float(dtype_bytes),
-                      activation_bytes=float(dtype_bytes), layer_overhead_s=0.0,
+                      activation_bytes=float(dtype_bytes), layer_overhead_s=0.0, gemm_fixed_s=0.0,
                       description=f"{device_kind} ({platform}); peak/bandwidth {source}")
     return hw, source
 
