@@ -15,24 +15,9 @@ import pytest
 
 from mocap_jax import sweep
 from mocap_jax.cli import main
+from sweep_texts import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# one bucket (TeraPipe, K4 N4), many small blocks
-SMALL = """
-[sweep]
-name = "small"
-block_size = 8
-[fixed]
-model = "llama3.1-8b"
-hardware = "mocap-2x2"
-chunks = 4
-[grid]
-hbm_bandwidth = [2e12, 4e12, 6e12, 8e12]
-batch = [1, 2, 4, 8, 16]
-seq_len = [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 2097152]
-"""
-
 
 def _write(tmp_path, text, name="s.toml"):
     p = tmp_path / name

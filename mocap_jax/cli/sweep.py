@@ -236,11 +236,13 @@ def cmd_bench_sweep(args) -> int:
 
 
 def register(sub, bench_sub) -> None:
-    p = sub.add_parser("sweep", help="run a declared sweep (TOML file; see sweeps/README.md) into CSV",
+    p = sub.add_parser("sweep", help="run a declared sweep (TOML file; see sweeps/README.md) into CSV or Parquet",
                        description="Run a sweep file: every point in a few compiled programs, sharded over all "
-                                   "local devices, written block by block (resumable) to OUT/results.csv.")
+                                   "local devices, written block by block (resumable) to OUT/results.csv "
+                                   "(or OUT/results.parquet, or the .csv/.parquet file --out names).")
     p.add_argument("file", metavar="FILE", help="sweep file (.toml), e.g. sweeps/quick.toml")
-    p.add_argument("--out", "-o", default=None, help="output directory (default sweep-results/NAME)")
+    p.add_argument("--out", "-o", default=None,
+                   help="output directory (default sweep-results/NAME), or a results file NAME.csv / NAME.parquet")
     p.add_argument("--resume", action="store_true", help="skip blocks already written by an earlier run")
     p.add_argument("--overwrite", action="store_true", help="discard an earlier run's files in --out first")
     p.add_argument("--block-size", type=positive_int, default=None,

@@ -41,6 +41,7 @@ INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stage
                  "microbatch", "placement", "release", "admission", "num_batches", "pairing", "p1", "p2",
                  "read_overlap", "load", "requests", "arrivals", "granularity", "chains", "steps", "objective",
                  "max_batch", "seed") + DIE_FIELDS
+RESOLVED_INPUTS = ("model", "hardware", "rows", "cols", "wafers", "stages") + DIE_FIELDS
 PROVENANCE_COLUMNS = ("mocap_jax_version", "config_hash", "device_kind", "devices", "bucket")
 COLUMNS = ("point_id",) + INPUT_COLUMNS + OUTPUT_COLUMNS + PROVENANCE_COLUMNS
 assert len(set(COLUMNS)) == len(COLUMNS)
@@ -50,6 +51,7 @@ _STRINGS = {"scheme", "model", "hardware", "placement", "release", "admission", 
     "reason", "partition", "mocap_jax_version", "config_hash", "device_kind"}
 _INTS = {"point_id", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch", "microbatch", "num_batches",
          "requests", "granularity", "chains", "steps", "max_batch", "seed", "batch_used", "devices", "bucket"}
+_NUMPY_TYPES = {"bool": np.bool_, "int64": np.int64, "float": np.float32, "double": np.float64}
 _FLOAT64 = {"p1", "p2", "read_overlap", "load", "load_rps", *DIE_FIELDS}
 
 
@@ -100,27 +102,35 @@ class PartWriter:
         self.format = fmt_name
         self.provenance = provenance
         self.dtype = np.dtype(dtype)
-        self._text = {k: np.array([fmt(v) for v in t], dtype=object) for k, t in space.tables.items()}
+        # keys written as given (the rest are resolved: model and hardware names, mesh and die values)
+        self._text = {k: np.array([fmt(v) for v in t], dtype=object) for k, t in space.tables.items()
+                      if k in INPUT_COLUMNS and k not in RESOLVED_INPUTS}
         if fmt_name == "parquet":
             self.pa = pyarrow()
 
-    def _inputs(self, r, text: bool) -> dict:
-        conv = fmt if text else (lambda v: v)
+    def _csv_inputs(self, r) -> dict:
         cols = {}
         for k in INPUT_COLUMNS:
-            if k in DIE_FIELDS or k in ("rows", "cols", "wafers"):
-                cols[k] = np.array([conv(getattr(h, k)) for h in r.hw_specs], dtype=object)[r.hw_inv]
-            elif k == "hardware":
-                cols[k] = np.array([h.name for h in r.hw_specs], dtype=object)[r.hw_inv]
-            elif k == "model":
-                cols[k] = np.array([m.name for m in r.models], dtype=object)[r.codes["model"]]
-            elif k == "stages":
-                cols[k] = r.stages.astype(str).astype(object) if text else r.stages
-            elif text:
+            if k == "stages":
+                cols[k] = r.stages.astype(str).astype(object)
+            elif k in self._text:
                 cols[k] = self._text[k][r.codes[k]]
             else:
-                cols[k] = np.array([None if v == "auto" else v for v in self.space.tables[k]],
-                                   dtype=object)[r.codes[k]]
+                values, index = _resolved_values(k, r)
+                cols[k] = np.array([fmt(v) for v in values], dtype=object)[index]
+        return cols
+
+    def _arrow_inputs(self, r) -> dict:
+        pa = self.pa
+        cols = {"stages": pa.array(r.stages, pa.int64())}
+        for k in INPUT_COLUMNS:
+            if k == "stages":
+                continue
+            if k in self._text:
+                values, index = [None if v == "auto" else v for v in self.space.tables[k]], r.codes[k]
+            else:
+                values, index = _resolved_values(k, r)
+            cols[k] = pa.array(values, type=self.arrow_type(k)).take(pa.array(index))
         return cols
 
     def write(self, path: Path, r, outputs: dict, bucket: int) -> None:
@@ -135,7 +145,7 @@ class PartWriter:
 
     def csv_text(self, r, outputs: dict, bucket: int) -> str:
         P = len(r.ids)
-        cols = {"point_id": r.ids.astype(str).astype(object), **self._inputs(r, text=True)}
+        cols = {"point_id": r.ids.astype(str).astype(object), **self._csv_inputs(r)}
         for k in OUTPUT_COLUMNS:
             cols[k] = _csv_cells(outputs.get(k), P)
         for k in PROVENANCE_COLUMNS:
@@ -166,7 +176,7 @@ class PartWriter:
     def table(self, r, outputs: dict, bucket: int):
         pa = self.pa
         P = len(r.ids)
-        cols = {"point_id": r.ids, **self._inputs(r, text=False)}
+        cols = {"point_id": pa.array(r.ids, pa.int64()), **self._arrow_inputs(r)}
         for k in OUTPUT_COLUMNS:
             v = outputs.get(k)
             if v is None:
@@ -180,11 +190,20 @@ class PartWriter:
         arrays = []
         for k in COLUMNS:
             v, t = cols[k], self.arrow_type(k)
-            if v.dtype == object:
+            if isinstance(v, pa.Array):
+                arrays.append(v)
+            elif v.dtype == object:
                 arrays.append(pa.array(v.tolist(), type=t))
             else:
-                arrays.append(pa.array(v.astype(t.to_pandas_dtype()), type=t))
+                arrays.append(pa.array(v.astype(_NUMPY_TYPES[str(t)]), type=t))
         return pa.Table.from_arrays(arrays, schema=self.schema())
+
+
+def _resolved_values(k: str, r) -> tuple[list, np.ndarray]:
+    """Distinct values of a resolved input column and each point's index into them."""
+    if k == "model":
+        return [m.name for m in r.models], r.codes["model"]
+    return [h.name if k == "hardware" else getattr(h, k) for h in r.hw_specs], r.hw_inv
 
 
 def _csv_cells(v, P: int) -> np.ndarray:
