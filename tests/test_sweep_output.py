@@ -178,14 +178,13 @@ def test_killed_run_resumes_to_identical_file(small, tmp_path):
 
 
 def test_two_processes_give_the_one_process_csv(small, tmp_path):
-    p, _ = small
-    ref = sweep.run_sweep(p, tmp_path / "one", quiet=True, devices=2)
+    p, ref = small   # one process, one device
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "two"
     procs = [subprocess.Popen(_sweep_cmd(p, "--out", out, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=_env(2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                              env=_env(1, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                                        JAX_PROCESS_ID=str(i)))
              for i in range(2)]
     results = [proc.communicate(timeout=300) for proc in procs]
@@ -193,5 +192,5 @@ def test_two_processes_give_the_one_process_csv(small, tmp_path):
         assert proc.returncode == 0, e.decode()[-3000:]
     summaries = [json.loads(o.decode().strip().splitlines()[-1]) for o, _ in results]
     assert all(s["evaluated"] > 0 for s in summaries)
-    assert sum(s["evaluated"] for s in summaries) == 200 and summaries[0]["feasible"] == ref.feasible
-    assert (out / "results.csv").read_bytes() == Path(ref.results).read_bytes()
+    assert sum(s["evaluated"] for s in summaries) == 200 and summaries[1]["feasible"] is None
+    assert (out / "results.csv").read_bytes() == ref
