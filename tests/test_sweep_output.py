@@ -194,3 +194,14 @@ def test_two_processes_give_the_one_process_csv(small, tmp_path):
     assert all(s["evaluated"] > 0 for s in summaries)
     assert sum(s["evaluated"] for s in summaries) == 200 and summaries[1]["feasible"] is None
     assert (out / "results.csv").read_bytes() == ref
+
+
+def test_csv_cells_are_numpys_shortest_text_of_each_value():
+    from mocap_jax.sweep.output import _csv_cells
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        a = np.concatenate([rng.lognormal(0, 15, 500), rng.choice([0.0, -0.0, np.inf, 1e-45, 0.1], 500)]).astype(dtype)
+        assert list(_csv_cells(a, len(a))) == [str(x) for x in a.astype(str)]
+    assert list(_csv_cells(np.array([True, False]), 2)) == ["true", "false"]
+    assert list(_csv_cells(np.array([None, 2.0, "x"], dtype=object), 3)) == ["", "2", "x"]

@@ -213,6 +213,9 @@ def _csv_cells(v, P: int) -> np.ndarray:
         return np.where(v, "true", "false").astype(object)
     if v.dtype == object:
         return np.array([fmt(x) for x in v], dtype=object)
+    if v.dtype.kind == "f":   # format each distinct value once (by bit pattern, so -0.0 stays itself)
+        bits, inv = np.unique(v.view(f"u{v.dtype.itemsize}"), return_inverse=True)
+        return bits.view(v.dtype).astype(str).astype(object)[inv.reshape(-1)]
     return v.astype(str).astype(object)
 
 
