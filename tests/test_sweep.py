@@ -303,3 +303,21 @@ def test_e2e_clock_too_coarse_is_refused_not_written(tmp_path):
     assert "point 1: load = 0.001" in msg and "float32 resolves time only to" in msg and "float64" in msg
     assert not (tmp_path / "o" / "results.csv").exists()
     assert not list((tmp_path / "o" / "parts").iterdir())
+
+
+def test_only_the_evaluate_module_calls_the_simulator(imports_of):
+    import importlib
+
+    simulator = {"api", "schedule", "serving", "mbkr", "compare", "chunked_prefill", "pipeline", "lbcp"}
+
+    def modules(module) -> set:   # "from ..x import y" -> x; "from .. import y" -> y
+        out = set()
+        for i in imports_of(module):
+            mod, _, names = i.partition(":")
+            out |= set(names.split(",")) if not mod else {mod.split(".")[-1]}
+        return out
+
+    for name in ("arrays", "config", "space", "resolver", "plan", "layout", "output", "runner"):
+        used = modules(importlib.import_module(f"mocap_jax.sweep.{name}")) & simulator
+        assert not used, (name, used)
+    assert {"api", "schedule", "serving", "compare", "mbkr"} <= modules(evaluate)

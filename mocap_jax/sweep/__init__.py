@@ -25,8 +25,8 @@ number of devices.
 
 from __future__ import annotations
 
-from ..specs import SpecError
-from .config import KEYS, SETTINGS, SweepConfig, load_sweep
+from ..specs import SpecError, checks
+from .config import KEYS, MAX_BLOCK, SETTINGS, SweepConfig, load_sweep
 from .output import COLUMNS, read_results
 from .plan import Plan
 from .runner import SweepSummary, maybe_init_distributed, run_sweep
@@ -52,7 +52,8 @@ def describe(source, block_size: int | None = None, max_points: int | None = Non
     ``representatives`` is the number of points actually resolved to count the buckets.
     """
     cfg = load_sweep(source, max_points=max_points)
-    plan = Plan(cfg, block_size or cfg.settings["block_size"] or 4096, cfg.settings["serial_block_size"])
+    block_size = checks.integer("block_size", block_size or cfg.settings["block_size"] or 4096, 1, MAX_BLOCK)
+    plan = Plan(cfg, block_size, cfg.settings["serial_block_size"])
     return {"name": cfg.name, "points": plan.points, "config_hash": cfg.config_hash,
             "buckets": [{"key": list(b.key), "label": b.label(), "points": b.points, "blocks": plan.bucket_blocks(b)}
                         for b in plan.ordered()],

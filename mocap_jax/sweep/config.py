@@ -197,7 +197,7 @@ def _value(origin: str, where: str, name: str, key: Key, v):
     try:
         return key.check(name, v)
     except SpecError as e:
-        raise SpecError(f"{origin}: {where} {e}") from None
+        raise SpecError(f"{origin}: {where} {e} ({name}: {key.doc})") from None
 
 
 def _check_key(origin: str, where: str, k: str) -> Key:

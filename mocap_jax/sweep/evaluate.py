@@ -14,8 +14,9 @@ A column is a NumPy array over the block's points: numeric and bool arrays hold 
 (``float32`` or ``float64`` as simulated); object arrays hold Python values, ``None`` where a
 column does not apply.  Before a block program runs, its memory (host inputs and XLA's own
 estimate of the compiled program) is checked against what is available; end-to-end latencies
-whose absolute clock cannot resolve them are refused, never written.  Everything the rest of
-the sweep knows about the simulator is this module's interface.
+whose absolute clock cannot resolve them are refused, never written.  The simulator's modules
+(``schedule``, ``serving``, ``mbkr``, ``api``, ``compare``) are imported here and nowhere else in the
+sweep: replacing the evaluator touches only this module.
 """
 
 from __future__ import annotations

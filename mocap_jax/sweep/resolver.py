@@ -18,9 +18,9 @@ import numpy as np
 from .. import costs
 from ..costs import HardwareParams, ModelParams
 from ..specs import LIMITS, HardwareSpec, SpecError, get_hardware, get_model
+from .arrays import power_of_two_bucket, unique_rows
 from .config import DIE_FIELDS, SERIAL_SCHEMES
 from .evaluate import MAX_ITEM_REQUEST_TOKENS
-from .arrays import power_of_two_bucket, unique_rows
 from .space import Space
 
 REASONS = ("", "stages>dies", "stages>layers", "chunks>seq_len", "granularity", "weights", "p1>p2",
