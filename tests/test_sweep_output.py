@@ -177,17 +177,32 @@ def test_killed_run_resumes_to_identical_file(small, tmp_path):
 # --------------------------------------------------------------------------- multi-host
 
 
-def test_two_processes_give_the_one_process_csv(small, tmp_path):
-    p, ref = small   # one process, one device
+def _two_processes(p, outs, *args):
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
-    out = tmp_path / "two"
-    procs = [subprocess.Popen(_sweep_cmd(p, "--out", out, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen(_sweep_cmd(p, "--out", out, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=_env(1, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                                        JAX_PROCESS_ID=str(i)))
-             for i in range(2)]
-    results = [proc.communicate(timeout=300) for proc in procs]
+             for i, out in enumerate(outs)]
+    return procs, [proc.communicate(timeout=300) for proc in procs]
+
+
+def test_a_refusal_on_one_process_stops_both(small, tmp_path):
+    p, _ = small
+    blocked = tmp_path / "file.txt"
+    blocked.write_text("x")
+    procs, results = _two_processes(p, [tmp_path / "fine", blocked / "sub"])
+    assert [proc.returncode for proc in procs] == [2, 2]
+    assert "another process of this multi-host run stopped" in results[0][1].decode()
+    assert "is a file, not a directory" in results[1][1].decode()
+    assert not (tmp_path / "fine" / "manifest.json").exists()
+
+
+def test_two_processes_give_the_one_process_csv(small, tmp_path):
+    p, ref = small   # one process, one device
+    out = tmp_path / "two"
+    procs, results = _two_processes(p, [out, out], "--json")
     for proc, (o, e) in zip(procs, results):
         assert proc.returncode == 0, e.decode()[-3000:]
     summaries = [json.loads(o.decode().strip().splitlines()[-1]) for o, _ in results]

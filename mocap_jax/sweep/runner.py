@@ -219,25 +219,17 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
         total = -(-(plan.points - names.points(done)) // nproc)
         bar = tqdm(total=total if limit is None else min(total, limit), unit="pt", unit_scale=True, file=sys.stderr,
                    dynamic_ncols=True, desc=f"sweep {cfg.name}", smoothing=0.05)
-    evaluated = submitted = done_blocks = skipped_pts = 0
-    pending = None
+    counts = {"evaluated": 0, "skipped": 0, "blocks": 0}
 
-    def finish(p):
-        nonlocal evaluated, done_blocks
-        b, ids, name, r, job = p
-        writer.write(lay.parts / name, r, job.result(), b.index)
-        evaluated += len(ids)
-        done_blocks += 1
-        if bar is not None:
-            bar.update(len(ids))
-
-    try:
+    def evaluate_blocks() -> None:
+        """This process's blocks, the next one started before the last one is written."""
+        submitted, pending = 0, None
         for g, (b, k, ids) in enumerate(plan.blocks()):
             if g % nproc != pid:
                 continue
             name = names.name(b, k)
             if name in done:
-                skipped_pts += len(ids)
+                counts["skipped"] += len(ids)
                 continue
             if limit is not None and submitted >= limit:
                 break
@@ -246,26 +238,37 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
             micro = names.micro(b)
             unit = max(micro, 1) * nd
             size = -(-min(bs, b.points) // unit) * unit
-            cur = (b, ids, name, r, evaluator.start(b.key, r, micro=micro, size=size, label=b.label()))
+            job = evaluator.start(b.key, r, micro=micro, size=size, label=b.label())
             if pending is not None:
-                finish(pending)
-            pending = cur
+                write(*pending)
+            pending = (b, name, r, job)
         if pending is not None:
-            finish(pending)
-            pending = None
+            write(*pending)
+
+    def write(b: Bucket, name: str, r, job) -> None:
+        writer.write(lay.parts / name, r, job.result(), b.index)
+        counts["evaluated"] += len(r.ids)
+        counts["blocks"] += 1
+        if bar is not None:
+            bar.update(len(r.ids))
+
+    try:
+        _on_every_process(evaluate_blocks)
     finally:
         if bar is not None:
             bar.close()
-    _barrier()
     complete = len(names.existing(lay.parts)) == plan.num_blocks()
-    feasible = None
-    if complete and pid == 0:
-        feasible = assemble(lay.results, [[lay.parts / e for e in bucket] for bucket in names.all()], writer)
-    _barrier()
+
+    def assemble_results() -> int | None:   # process 0; the others wait for it
+        if not complete or pid != 0:
+            return None
+        return assemble(lay.results, [[lay.parts / e for e in bucket] for bucket in names.all()], writer)
+
+    feasible = _on_every_process(assemble_results)
     return SweepSummary(
         name=cfg.name, out_dir=str(lay.work), results=str(lay.results) if complete else None, points=plan.points,
-        evaluated=evaluated, skipped=skipped_pts, feasible=feasible, buckets=len(names.buckets), blocks=plan.num_blocks(),
-        blocks_done=done_blocks, compiles=evaluator.compiles, compile_s=evaluator.compile_s,
+        evaluated=counts["evaluated"], skipped=counts["skipped"], feasible=feasible, buckets=len(names.buckets),
+        blocks=plan.num_blocks(), blocks_done=counts["blocks"], compiles=evaluator.compiles, compile_s=evaluator.compile_s,
         wall_s=time.perf_counter() - t_start, devices=nd, device_kind=devs[0].device_kind, block_size=bs,
         micro_batch=micro_default, config_hash=cfg.config_hash, complete=complete, format=lay.format,
         bucket_labels=[b.label() for b in names.buckets])
