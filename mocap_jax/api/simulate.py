@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
+from ..prefill.batch import check_honest
 from ..prefill.evaluate import Structure, evaluate
 from ..prefill.points import replace_items
 from ..schedule import memory
@@ -189,6 +190,9 @@ def run(cfg: Config, timeline: bool = True, items=None) -> SimResult:
         point = replace_items(cfg.point(slots), table)
         k1 = int(np.sum(table.valid))
     ev = jax.device_get(_evaluate_one(point, shape))
+    check_honest({k: np.asarray(getattr(ev, k))[None] for k in (
+        "feasible", "prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "peak_mem_bytes_per_stage",
+        "kv_peak_bytes_per_stage", "finish")})
     n, K, nb = cfg.stages, shape.items, cfg.num_batches
     rows = (np.arange(nb)[:, None] * K + np.arange(k1)[None, :]).reshape(-1)
     finish, start = np.asarray(ev.finish)[rows, :n], np.asarray(ev.start)[rows, :n]

@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from ..prefill.batch import DishonestResult
 from .common import Parser
 
 # Modules that contribute sub-commands, in the order they appear in --help.
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
         return _fail(args, str(e))
     except OSError as e:                      # a path that could not be read or written
         return _fail(args, f"{e.strerror or e} ({e.filename})" if getattr(e, "filename", None) else str(e))
+    except DishonestResult as e:              # a broken invariant: a bug, reported, never printed as a result
+        print(f"mocap-jax: internal error (please report): {e}", file=sys.stderr)
+        return 1
     except MemoryError:
         return _fail(args, "the problem does not fit in memory; use fewer points, a smaller mesh or smaller blocks")
     except KeyboardInterrupt:

@@ -124,7 +124,7 @@ def _in_flight_activation(times, start, finish, activation, inclusive: bool):
     """Activation bytes of the item a stage is running at each of ``times`` (items sorted by start);
     ``inclusive``: an item starting exactly then already runs (it comes first in the event order)."""
     side = "right" if inclusive else "left"
-    j = jnp.searchsorted(start, times, side=side) - 1
+    j = jnp.searchsorted(start, times, side=side, method="compare_all") - 1
     jj = jnp.maximum(j, 0)
     running = (j >= 0) & (finish[jj] > times)
     return jnp.where(running, activation[jj], 0.0)
@@ -146,32 +146,25 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     budget = jnp.where(okv, st.budget[sides], 1.0)
     weights = st.weights[sides]
 
-    # event ranks: time, then releases before starts, then side a before b, then index
-    ss = lambda x, v, side: jnp.searchsorted(x, v, side=side)
-    r_start_a = jnp.arange(E) + ss(start[1], start[0], "left") + ss(release[0], start[0], "right") \
-        + ss(release[1], start[0], "right")
-    r_start_b = jnp.arange(E) + ss(start[0], start[1], "right") + ss(release[0], start[1], "right") \
-        + ss(release[1], start[1], "right")
-    r_rel_a = jnp.arange(G) + ss(start[0], release[0], "left") + ss(start[1], release[0], "left") \
-        + ss(release[1], release[0], "left")
-    r_rel_b = jnp.arange(G) + ss(start[0], release[1], "left") + ss(start[1], release[1], "left") \
-        + ss(release[0], release[1], "right")
-    rank = jnp.concatenate([r_start_a, r_start_b, r_rel_a, r_rel_b])
+    # processing order: time, then releases before starts, then side a before b, then index (one sort)
     T = 2 * E + 2 * G
-    order = jnp.zeros(T, jnp.int32).at[rank].set(jnp.arange(T, dtype=jnp.int32))
+    times_id = jnp.concatenate([start.reshape(-1), release.reshape(-1)])
+    kind = jnp.concatenate([jnp.ones(2 * E, jnp.int32), jnp.zeros(2 * G, jnp.int32)])
+    side = jnp.concatenate([jnp.zeros(E, jnp.int32), jnp.ones(E, jnp.int32), jnp.zeros(G, jnp.int32),
+                            jnp.ones(G, jnp.int32)])
+    index = jnp.concatenate([jnp.arange(E), jnp.arange(E), jnp.arange(G), jnp.arange(G)]).astype(jnp.int32)
+    order = jnp.lexsort((index, side, kind, times_id))
+    rank = jnp.zeros(T, jnp.int32).at[order].set(jnp.arange(T, dtype=jnp.int32))
 
     # event attributes by event id, then in processing order
     other_act = jnp.stack([_in_flight_activation(start[0], start[1], finish[1], act[1], inclusive=False),
                            _in_flight_activation(start[1], start[0], finish[0], act[0], inclusive=True)])
-    side = jnp.concatenate([jnp.zeros(E, jnp.int32), jnp.ones(E, jnp.int32), jnp.zeros(G, jnp.int32),
-                            jnp.ones(G, jnp.int32)])
-    is_start = jnp.concatenate([jnp.ones(2 * E, bool), jnp.zeros(2 * G, bool)])
+    is_start = kind == 1
     group = jnp.concatenate([st.group, st.group, jnp.arange(G), jnp.arange(G)])
-    ev = (side[order], is_start[order], group[order],
-          jnp.concatenate([kv.reshape(-1), jnp.zeros(2 * G, kv.dtype)])[order],
-          jnp.concatenate([act.reshape(-1), jnp.zeros(2 * G, kv.dtype)])[order],
-          jnp.concatenate([other_act.reshape(-1), jnp.zeros(2 * G, kv.dtype)])[order])
-    times = jnp.concatenate([start.reshape(-1), release.reshape(-1)])[order]
+    zeros = jnp.zeros(2 * G, kv.dtype)
+    ev = (side[order], is_start[order], group[order], jnp.concatenate([kv.reshape(-1), zeros])[order],
+          jnp.concatenate([act.reshape(-1), zeros])[order], jnp.concatenate([other_act.reshape(-1), zeros])[order])
+    times = times_id[order]
     gid = jnp.arange(G)
 
     def step(state, e):

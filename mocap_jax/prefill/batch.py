@@ -104,6 +104,41 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
             block_leaves.append(x if rows is None else jax.device_put(x, rows))
         out = jax.device_get(program(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(points), block_leaves)))
         outs.append({k: np.asarray(v)[: hi - lo] for k, v in out.items()})
-    if len(outs) == 1:
-        return outs[0]
-    return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    out = outs[0] if len(outs) == 1 else {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    check_honest(out)
+    return out
+
+
+class DishonestResult(RuntimeError):
+    """An evaluation broke an invariant every result must keep (a bug, never a published number)."""
+
+
+def check_honest(out: dict) -> None:
+    """Every feasible point has a finite, positive latency and throughput and non-negative, finite memory;
+    no value is NaN.  A violation raises :class:`DishonestResult` naming the first offending point."""
+    P = len(next(iter(out.values())))
+    bad = np.zeros(P, bool)
+    why = np.full(P, "", object)
+
+    def flag(mask, reason):
+        new = mask & ~bad
+        why[new] = reason
+        bad[:] |= mask
+
+    for k, v in out.items():
+        if v.dtype.kind == "f":
+            flag(np.isnan(v).reshape(P, -1).any(1), f"{k} is NaN")
+    feasible = out.get("feasible")
+    if feasible is not None:
+        for k in ("prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s"):
+            if k in out:
+                flag(feasible & ~(np.isfinite(out[k]) & (out[k] > 0)), f"feasible with {k} = non-positive or infinite")
+        for k in ("peak_mem_bytes_per_stage", "kv_peak_bytes_per_stage", "weight_bytes_per_stage"):
+            if k in out:
+                v = out[k].reshape(P, -1)
+                flag(feasible & ~(np.isfinite(v).all(1) & (v >= 0).all(1)), f"feasible with {k} negative or infinite")
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DishonestResult(f"point {i} of this evaluation: {why[i]}; values: "
+                              + ", ".join(f"{k}={np.asarray(v[i]).ravel()[:4].tolist()}" for k, v in out.items()
+                                          if k in ("feasible", "prefill_latency_s", "throughput_rps")))
