@@ -6,13 +6,17 @@ import dataclasses
 import itertools
 import math
 
+import jax
 import numpy as np
 import pytest
 
-from mocap_jax import api, lbcp
+from mocap_jax.partition import dp as lbcp
+from mocap_jax.prefill.evaluate import evaluate
+from mocap_jax.prefill.points import build_point
+from mocap_jax.specs.mesh import snake_placement
 from mocap_jax.costs import HardwareParams, ModelParams, StageLayout
 from mocap_jax.partition import terapipe as tp
-from mocap_jax.schedule import SimShape, evaluate_one
+from mocap_jax.schedule.shape import SimShape
 from mocap_jax.specs import get_hardware, get_model
 
 
@@ -190,12 +194,12 @@ def test_simulated_latency_is_the_objective_in_the_closed_form_regime():
     assert len(plan.groups) > 1           # the case the item table exists for: several groups
     k_pad = 32
     items = tp.terapipe_items(plan, k_pad)
-    point = api._point(m, h, items, api.check_placement(h, None, n), n, "streaming", "stage", dt)
+    point = build_point(m, h, items, snake_placement(h, n), n, dt)
     point = dataclasses.replace(point, model=model, hardware=hw)
-    out = evaluate_one(point, SimShape(k_pad=k_pad, n_pad=n, num_batches=1))
-    t = np.asarray(out["stage_times"])[np.asarray(items.valid)]
-    assert np.all(t == t[:, :1]) and np.all(np.asarray(out["handoff_times"]) == 0)
-    assert float(out["raw_latency_s"]) == pytest.approx(plan.objective, rel=1e-12)
+    out = jax.jit(evaluate, static_argnums=1)(point, SimShape(items=k_pad, stages=n, groups=k_pad))
+    t = np.asarray(out.stage_times)[np.asarray(items.valid)]
+    assert np.all(t == t[:, :1]) and np.all(np.asarray(out.handoff_times) == 0)
+    assert float(out.raw_latency_s) == pytest.approx(plan.objective, rel=1e-12)
     # each request's last item ends its group (LM head, KV release) and the items carry the groups' requests
     assert np.asarray(items.requests)[np.asarray(items.last)].tolist() == list(plan.groups)
 
