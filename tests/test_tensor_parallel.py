@@ -114,7 +114,7 @@ def test_tp1_equals_single_die_costs_exactly(model, dtype):
     np.testing.assert_allclose(tj, t, rtol=2e-6 if dtype == np.float32 else 1e-13)
     # weights and KV per token: whole blocks on one die
     dense, moe = (np.asarray(v) for v in costs.stage_layer_counts(mp, n, n, np))
-    w = np.asarray(costs.stage_weight_bytes(mp, hp, n, n, xp=np, tensor_parallel=np.ones(n, dtype)))
+    w = np.asarray(costs.stage_weight_bytes(mp, hp, n, n, xp=np, tensor_parallel=dtype(1)))
     expect = (dense * mp.dense_layer_params + moe * mp.moe_layer_params)
     expect[0] += mp.embedding_params
     expect[-1] += mp.lm_head_params
@@ -133,7 +133,7 @@ def test_group_layout_with_one_die_equals_single_die_layout():
     b = StageLayout.from_placement(hw, pl, 16, np.float64)
     np.testing.assert_array_equal(a.handoff_hops, b.handoff_hops)
     np.testing.assert_array_equal(a.handoff_bandwidth, shared)
-    np.testing.assert_array_equal(a.tensor_parallel, np.ones(16))
+    np.testing.assert_array_equal(a.tensor_parallel, 1.0)
     np.testing.assert_array_equal(a.group_hops, np.zeros(16))
 
 

@@ -20,7 +20,7 @@ DEFAULT_FIELDS = tuple(f for f in ALL_FIELDS if f not in ("finish", "start", "it
 def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks: int | None = None, batch=1,
                    partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                    microbatch: int = 1, stages: int | None = None, placement=None, dtype="float32",
-                   block_size: int = 4096, k_pad: int | None = None, pairing: str = "cross-half",
+                   block_size: int = 16384, k_pad: int | None = None, pairing: str = "cross-half",
                    p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
                    spill: str = "overflow", fields=DEFAULT_FIELDS, tp: int = 1) -> dict[str, np.ndarray]:
     """Evaluate P configurations of one model and hardware.

@@ -139,7 +139,7 @@ class StageLayout:
       handoff_bandwidth: [N_pad] effective raw bandwidth of that hand-off, bytes/s: the
         bottleneck link's share, summed over the ``t`` rank routes that carry it at once
         (1 where unused, never 0 or inf, to keep gradients and divisions finite).
-      tensor_parallel: [N_pad] dies per stage group t (1 on padded stages).
+      tensor_parallel: scalar, dies per stage group t (every group of a layout has the same size).
       group_hops: [N_pad] longest step of the group's collective ring, hops (0 for t = 1).
       group_bandwidth: [N_pad] effective raw bandwidth of the ring's slowest step, bytes/s
         (1 for t = 1).
@@ -157,7 +157,7 @@ class StageLayout:
         """A layout of one-die stages from its hand-off routes (``[..., N_pad]`` arrays)."""
         hops = np.asarray(handoff_hops)
         return StageLayout(num_stages=num_stages, handoff_hops=hops, handoff_bandwidth=handoff_bandwidth,
-                           tensor_parallel=np.ones_like(hops), group_hops=np.zeros_like(hops),
+                           tensor_parallel=np.ones_like(hops[..., 0]), group_hops=np.zeros_like(hops),
                            group_bandwidth=np.ones_like(hops))
 
     @staticmethod
@@ -177,13 +177,13 @@ class StageLayout:
         hops, bw = group_routes(hw, groups)
         ring_hops, ring_bw = group_rings(hw, groups)
         vec = lambda fill: np.full(n_pad, fill, np.float64)
-        hh, hb, tp, gh, gb = vec(0.0), vec(1.0), vec(1.0), vec(0.0), vec(1.0)
+        hh, hb, gh, gb = vec(0.0), vec(1.0), vec(0.0), vec(1.0)
         s = np.arange(n - 1)
         hh[: n - 1], hb[: n - 1] = hops[s, s + 1], bw[s, s + 1]
-        tp[:n], gh[:n], gb[:n] = t, ring_hops, ring_bw
-        cast = lambda v: v.astype(dtype)
+        gh[:n], gb[:n] = ring_hops, ring_bw
+        cast = lambda v: np.asarray(v).astype(dtype)
         return StageLayout(num_stages=np.asarray(n, np.int32), handoff_hops=cast(hh), handoff_bandwidth=cast(hb),
-                           tensor_parallel=cast(tp), group_hops=cast(gh), group_bandwidth=cast(gb))
+                           tensor_parallel=cast(t), group_hops=cast(gh), group_bandwidth=cast(gb))
 
     @staticmethod
     def from_placement(hw: HardwareSpec, placement, n_pad: int | None = None, dtype=jnp.float32) -> "StageLayout":

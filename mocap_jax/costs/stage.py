@@ -125,12 +125,12 @@ def _with_stage_axis(x, stage_axis: int):
 
 
 def _group_ring(hw: HardwareParams, layout: StageLayout, sv, shift: int = 0, xp=jnp):
-    """``(t, step latency, step bandwidth)`` of each stage group's ring (of stage s + ``shift``)."""
-    vectors = (layout.tensor_parallel, layout.group_hops, layout.group_bandwidth)
+    """``(t, step latency, step bandwidth)`` of each stage group's ring (of stage s + ``shift``);
+    ``t`` is the layout's scalar group size."""
+    hops, bw = layout.group_hops, layout.group_bandwidth
     if shift:
-        vectors = tuple(xp.roll(v, -shift) for v in vectors)
-    t, hops, bw = (sv(v) for v in vectors)
-    return t, hops * hw.link_latency_s, bw * hw.eff_link
+        hops, bw = xp.roll(hops, -shift), xp.roll(bw, -shift)
+    return layout.tensor_parallel, sv(hops) * hw.link_latency_s, sv(bw) * hw.eff_link
 
 
 def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp,
@@ -170,24 +170,27 @@ def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, 
     """
     sv = lambda v: _stage_vector(v, stage_axis)
     dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
-    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
+    t_group = layout.tensor_parallel
+    # the block formulas depend on the item only (one group size for every stage), so they run
+    # once per item and broadcast over the stage axis; only the rings differ from stage to stage
+    on_stages = lambda x: _with_stage_axis(x, stage_axis)
+    dense_block = on_stages(dense_layer_time(model, hw, c, p, b, xp, t_group))
+    moe_block = on_stages(moe_layer_time(model, hw, c, p, b, xp, t_group))
     ring = _group_ring(hw, layout, sv, 0, xp)
-    t_group = ring[0]
-    activations = bb * cc * model.hidden * hw.activation_bytes
+    activations = on_stages(b * c * model.hidden * hw.activation_bytes)
     reduce = tp.all_reduce_time(activations, *ring, xp=xp)
-    t = dense * (dense_layer_time(model, hw, cc, pp, bb, xp, t_group) + 2 * reduce) \
-        + moe * (moe_layer_time(model, hw, cc, pp, bb, xp, t_group) + 2 * reduce)
+    t = dense * (dense_block + 2 * reduce) + moe * (moe_block + 2 * reduce)
     s = sv(xp.arange(n_pad))
-    t = t + xp.where(s == 0, embedding_time(model, hw, cc, bb) + reduce, 0.0)
-    logits = tp.all_gather_time(bb * model.vocab * hw.activation_bytes, *ring, xp=xp)
-    head = xp.where(_with_stage_axis(last, stage_axis), lm_head_time(model, hw, bb, xp, t_group) + logits, 0.0)
+    t = t + xp.where(s == 0, on_stages(embedding_time(model, hw, c, b)) + reduce, 0.0)
+    logits = tp.all_gather_time(on_stages(b * model.vocab * hw.activation_bytes), *ring, xp=xp)
+    head = xp.where(on_stages(last), on_stages(lm_head_time(model, hw, b, xp, t_group)) + logits, 0.0)
     t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
     return xp.where(s < layout.num_stages, t, 0.0)
 
 
 def stage_weight_bytes(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp, tensor_parallel=1.0):
     """Weight bytes held by each die of each stage, ``[N_pad]`` (embedding on stage 0, LM head on
-    stage N-1); ``tensor_parallel``: dies per stage group, scalar or ``[N_pad]``."""
+    stage N-1); ``tensor_parallel``: dies per stage group."""
     dense, moe = stage_layer_counts(model, num_stages, n_pad, xp)
     t = tensor_parallel
     s = xp.arange(n_pad)
@@ -229,7 +232,7 @@ def item_activation_bytes(model: ModelParams, hw: HardwareParams, layout: StageL
     """
     sv = lambda v: _stage_vector(v, stage_axis)
     dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
-    t_group = sv(layout.tensor_parallel)
+    t_group = layout.tensor_parallel
     tokens = _with_stage_axis(b * c, stage_axis)
     bb = _with_stage_axis(b, stage_axis)
     tile = xp.where(hw.mlp_token_tile > 0, xp.minimum(tokens, hw.mlp_token_tile), tokens)
@@ -248,6 +251,5 @@ def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageL
     """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap;
     ``stage_axis`` as in :func:`stage_times`)."""
     dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
-    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
-    t_group = _stage_vector(layout.tensor_parallel, stage_axis)
-    return _stage_vector(dense + moe, stage_axis) * attention_time(model, hw, cc, pp, bb, xp, t_group)
+    block = attention_time(model, hw, c, p, b, xp, layout.tensor_parallel)
+    return _stage_vector(dense + moe, stage_axis) * _with_stage_axis(block, stage_axis)
