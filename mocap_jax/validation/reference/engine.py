@@ -163,44 +163,50 @@ class Engine:
         return room(self.ledger.level[y], self.budget[y], self.running_act[y], self.mbkr) if y >= 0 else 0.0
 
     def _start(self, now: float, s: int, k: int) -> None:
-        it = self.items[k]
         self.start[k][s] = now
         self.next_item[s] += 1
         block = max(self.serving_until[s] - now, 0.0)
-        kv, act = self.kv[k][s], self.act[k][s]
-        extra = 0.0
-        receivers: list[int] = []
         if self.mbkr is None:
-            self.ledger.write(now, s, it.group, kv, 0.0, -1)
+            self.ledger.write(now, s, self.items[k].group, self.kv[k][s], 0.0, -1)
+            extra, receivers = 0.0, []
         else:
-            receivers = self._rematch(now, s, k)
-            host = self.partner[s]
-            self.host[k][s] = host
-            serve = self._remote_read(s, k, host)
-            partner_room = self._room(host)
-            decision = decide(self.ledger.level[s], kv, act, self.budget[s], partner_room, self.mbkr)
-            self.overflow |= decision.overflow
-            moved = decision.moved
-            self.ledger.write(now, s, it.group, kv, moved, host)
-            if moved > 0:
-                self.moved[k][s] = moved
-                self.write_s[k][s] = self._transfer(s, host, moved)
-                receivers.append(host)
-            self.decisions.append(dict(time=now, stage=s, item=k, partner=host, need=decision.need,
-                                       over=decision.over, room=partner_room, moved=moved,
-                                       overflow=decision.overflow, read_bytes=self.read_bytes[k][s],
-                                       migrated=self.migrated[k][s]))
-            extra = self.write_s[k][s] + self.read_extra_s[k][s] + self.migrate_s[k][s]
-            if serve > 0:
-                self._serve(now, host, serve)
+            extra, receivers = self._spill(now, s, k)
         self.running[s] = k
-        self.running_act[s] = act
+        self.running_act[s] = self.act[k][s]
         self.block_s[k][s] += block
         self.duration[k][s] = self.t[k][s] + (extra + block)
         self.busy_until[s] = now + self.duration[k][s]
         self._push(self.busy_until[s])
         for stage in [s] + receivers:
             self._record(stage)
+
+    def _spill(self, now: float, s: int, k: int) -> tuple[float, list[int]]:
+        """MBKR at the start of item k on stage s: re-matching, the remote read, the spill rule and the
+        write.  Returns the seconds they add to the item and the stages whose KV rose."""
+        kv, act = self.kv[k][s], self.act[k][s]
+        receivers = self._rematch(now, s, k)
+        host = self.partner[s]
+        self.host[k][s] = host
+        serve = self._remote_read(s, k, host)
+        local = self.ledger.level[s]
+        partner_local = self.ledger.level[host] if host >= 0 else 0.0
+        partner_act = self.running_act[host] if host >= 0 else 0.0
+        partner_room = self._room(host)
+        decision = decide(local, kv, act, self.budget[s], partner_room, self.mbkr)
+        self.overflow |= decision.overflow
+        moved = decision.moved
+        self.ledger.write(now, s, self.items[k].group, kv, moved, host)
+        if moved > 0:
+            self.moved[k][s] = moved
+            self.write_s[k][s] = self._transfer(s, host, moved)
+            receivers.append(host)
+        self.decisions.append(dict(time=now, stage=s, item=k, partner=host, local=local, partner_local=partner_local,
+                                   partner_activation=partner_act, need=decision.need, over=decision.over,
+                                   room=partner_room, moved=moved, overflow=decision.overflow,
+                                   read_bytes=self.read_bytes[k][s], migrated=self.migrated[k][s]))
+        if serve > 0:
+            self._serve(now, host, serve)
+        return self.write_s[k][s] + self.read_extra_s[k][s] + self.migrate_s[k][s], receivers
 
     def _record(self, s: int) -> None:
         level = self.ledger.level[s]
