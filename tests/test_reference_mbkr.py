@@ -295,6 +295,18 @@ def test_array_mbkr_is_within_its_approximation_targets():
     assert res["feasible_mismatches"] == 0, res["mismatched"]
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="array evaluator: start = finish - t misses releases at the instant of a "
+                                       "start (peak memory off by up to a released group's KV)")
+def test_array_mbkr_targets_over_every_pairing_and_spill_policy():
+    res = run_mbkr_agreement(configs=200, seed=2, dtype="float64", group_size=10, programs=5, searched=False)
+    assert set(res["by_pairing"]) == {"cross-half", "head-to-tail", "dynamic", "none"}
+    assert res["by_spill"]["eager"]["spilling"] > 0 and res["by_spill"]["overflow"]["spilling"] > 0
+    assert res["latency_rel_err_mean"] <= TARGET_MEAN and res["latency_rel_err_max"] <= TARGET_MAX, res
+    assert res["peak_mem_rel_err_mean"] <= TARGET_MEAN and res["peak_mem_rel_err_max"] <= TARGET_MAX, res
+    assert res["feasible_mismatches"] == 0, res["mismatched"]
+
+
 @pytest.mark.xfail(strict=True, reason="array evaluator: a read served by a host that has finished all its items "
                                        "is charged in full to its last item slot")
 def test_a_read_served_by_a_finished_host_delays_nothing():

@@ -170,6 +170,8 @@ def format_mbkr(m: dict[str, Any]) -> list[str]:
              f"{pct(m['peak_mem_rel_err_max']):>10s}",
              f"  {'  (configurations that spill)':34s} {pct(m['spilling_peak_mem_rel_err_mean']):>10s} "
              f"{pct(m['spilling_peak_mem_rel_err_max']):>10s}",
+             f"  {'  (feasible on both sides)':34s} {pct(m['feasible_peak_mem_rel_err_mean']):>10s} "
+             f"{pct(m['feasible_peak_mem_rel_err_max']):>10s}",
              f"  {'peak KV per stage':34s} {pct(m['kv_peak_rel_err_mean']):>10s} {pct(m['kv_peak_rel_err_max']):>10s}",
              f"  {'feasibility mismatches':34s} {m['feasible_mismatches']:10d}",
              f"  target mean <= {pct(m['target_mean'])}, max <= {pct(m['target_max'])}: "

@@ -50,15 +50,20 @@ class Program:
 
 
 def draw_programs(rng: np.random.Generator, count: int, buckets=(4, 8, 16, 32)) -> list[Program]:
-    """``count`` distinct programs; the first ones cycle through every (mode, spill policy) pair."""
-    pairs = [("static", "overflow"), ("dynamic", "overflow"), ("static", "eager"), ("dynamic", "eager")]
+    """``count`` distinct programs cycling through static and dynamic pairs under both spill policies;
+    from five programs on, the last one runs without pairing (MBKR off: exactly the plain result)."""
+    kinds = [[("static", "overflow"), ("dynamic", "overflow"), ("static", "eager"), ("dynamic", "eager")][i % 4]
+             for i in range(count)]
+    if count >= 5:
+        kinds[-1] = ("none", "overflow")
     out: list[Program] = []
-    while len(out) < count:
-        mode, spill = pairs[len(out) % 4] if len(out) < 8 or rng.random() < 0.9 else ("none", "overflow")
-        p = Program(int(rng.choice(buckets)), str(rng.choice(["stage", "request"])),
-                    str(rng.choice(["streaming", "synchronous"])), int(rng.integers(1, 3)), mode, spill)
-        if p not in out:
-            out.append(p)
+    for mode, spill in kinds:
+        while True:
+            p = Program(int(rng.choice(buckets)), str(rng.choice(["stage", "request"])),
+                        str(rng.choice(["streaming", "synchronous"])), int(rng.integers(1, 3)), mode, spill)
+            if p not in out:
+                out.append(p)
+                break
     return out
 
 
@@ -204,8 +209,9 @@ def run_mbkr_agreement(configs: int = 1000, seed: int = 0, dtype: str = "float64
     Returns:
       ``configs``, ``spilling`` (the reference spilled) and ``spilling_share``, ``infeasible``
       (reference), ``feasible_mismatches`` and ``mismatched`` (up to 10), the mean and max relative
-      errors of latency, peak memory and peak KV (over every configuration, and ``spilling_*`` over
-      those that spill), ``by_pairing`` and ``by_spill`` breakdowns, ``worst_latency`` and
+      errors of latency, peak memory and peak KV (over every configuration; ``spilling_*`` over those
+      that spill, ``feasible_*`` over those both sides call feasible, with their ``*_configs`` counts),
+      ``by_pairing`` and ``by_spill`` breakdowns, ``worst_latency`` and
       ``worst_peak_mem`` (descriptions), ``programs``, ``target_mean``, ``target_max``,
       ``within_target``, and wall times.
     """
@@ -223,8 +229,11 @@ def run_mbkr_agreement(configs: int = 1000, seed: int = 0, dtype: str = "float64
         vec_wall += t2 - t1
         ref_wall += time.perf_counter() - t2
     out = _summary(rows)
-    spilling = _summary([r for r in rows if r["spilled"]])
-    out.update({f"spilling_{k}": v for k, v in spilling.items() if k.endswith(("_mean", "_max"))})
+    for subset, keep in (("spilling", lambda r: r["spilled"]),
+                         ("feasible", lambda r: r["ref_feasible"] and r["vec_feasible"])):
+        part = _summary([r for r in rows if keep(r)])
+        out.update({f"{subset}_{k}": v for k, v in part.items() if k.endswith(("_mean", "_max"))})
+        out[f"{subset}_configs"] = part["configs"]
     out.update(
         dtype=dtype, seed=seed, spilling_share=out["spilling"] / max(len(rows), 1),
         infeasible=sum(not r["ref_feasible"] for r in rows),
