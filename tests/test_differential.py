@@ -33,7 +33,6 @@ EXACT = 1e-12
 #: the array program computes a start as finish - t, which can land a rounding step before the
 #: previous item's finish on the stage (or its arrival); a group released at that finish is then
 #: still counted at the start that docs/semantics.md says sees the release applied
-START_ROUNDING = "array evaluator: start = finish - t misses releases at the instant of a start"
 
 
 def test_configurations_cover_the_space():
@@ -71,7 +70,6 @@ def test_times_agree_float32(i):
         assert err[m] <= TOLERANCE["float32"], f"{m}: {err[m]:.2e}: {cfg.describe()}"
 
 
-@pytest.mark.xfail(strict=True, reason=START_ROUNDING)
 def test_memory_and_feasibility_agree():
     worst = {}
     for i in range(N64):
@@ -85,7 +83,6 @@ def test_memory_and_feasibility_agree():
     assert not worst, worst
 
 
-@pytest.mark.xfail(strict=True, reason=START_ROUNDING)
 def test_smallest_case_of_a_release_at_a_start():
     # GPipe, 3 microbatches of one request, stage release: stage 0 starts microbatch 2 at the
     # instant it finishes microbatch 1 and releases it, so it holds one microbatch's KV at a time

@@ -94,12 +94,12 @@ def oracle_spills(st: Stages, partner, p1, p2, eager=False, dynamic=False):
             pos = order.index(s)
             mate = order[n - 1 - pos] if n - 1 - pos != pos else -1
             old = host[s]
-            new = old if mate < 0 else mate
+            new = mate                       # the middle stage of an odd count: no partner
             mine = spilled[s].sum()
-            if mine > 0 and new != old and new >= 0:
-                room = min(p2 * budget[new] - loc[new], budget[new] - loc[new] - running[new])
-                if not (p1 * budget[new] <= loc[new] < p2 * budget[new] and room >= mine):
-                    new = old
+            if mine > 0 and new != old:
+                room = min(p2 * budget[new] - loc[new], budget[new] - loc[new] - running[new]) if new >= 0 else 0
+                if not (new >= 0 and p1 * budget[new] <= loc[new] < p2 * budget[new] and room >= mine):
+                    new = old                # spilled KV that cannot move keeps its host
             host[s] = new
             loc = local()
         y = host[s]

@@ -296,8 +296,6 @@ def test_array_mbkr_is_within_its_approximation_targets():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="array evaluator: start = finish - t misses releases at the instant of a "
-                                       "start (peak memory off by up to a released group's KV)")
 def test_array_mbkr_targets_over_every_pairing_and_spill_policy():
     res = run_mbkr_agreement(configs=200, seed=2, dtype="float64", group_size=10, programs=5, searched=False)
     assert set(res["by_pairing"]) == {"cross-half", "head-to-tail", "dynamic", "none"}
@@ -307,8 +305,6 @@ def test_array_mbkr_targets_over_every_pairing_and_spill_policy():
     assert res["feasible_mismatches"] == 0, res["mismatched"]
 
 
-@pytest.mark.xfail(strict=True, reason="array evaluator: a read served by a host that has finished all its items "
-                                       "is charged in full to its last item slot")
 def test_a_read_served_by_a_finished_host_delays_nothing():
     # stage 7 spills its big first chunk to stage 3 and reads it back for its second chunk, when stage 3
     # has finished the batch: stage 3 is idle with no next item, so the serving delays nothing

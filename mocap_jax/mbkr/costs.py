@@ -58,7 +58,9 @@ def creditor_blocking(serve, start, finish, host, stage_host=None):
 
     Each read is charged to its host's item in progress when the debtor's item starts (the first
     host item not finished by then); if that item has not started yet, only the part of the
-    serving that overlaps its start.  ``stage_host [N]`` (static pairs) lets the host's items be
+    serving that overlaps its start; if the host has finished all its items, nothing (an idle
+    host with no next item delays no one).  Padded items repeat the previous finish, so the
+    first unfinished slot is always a real item.  ``stage_host [N]`` (static pairs) lets the host's items be
     found by binary search; otherwise ``host [E, N]`` is looked up per item.
     """
     E, N = start.shape
@@ -74,7 +76,7 @@ def creditor_blocking(serve, start, finish, host, stage_host=None):
     slot = jnp.minimum(done, E - 1)
     next_start = start[slot, creditor]
     charge = jnp.where(next_start <= start, serve, jnp.clip(start + serve - next_start, 0.0, serve))
-    charged = (serve > 0) & (host >= 0)
+    charged = (serve > 0) & (host >= 0) & (done < E)
     target = jnp.where(charged, creditor, N)
     return jnp.zeros((E, N + 1), serve.dtype).at[slot, target].add(jnp.where(charged, charge, 0.0))[:, :N]
 

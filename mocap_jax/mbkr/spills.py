@@ -272,8 +272,7 @@ def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
         local = own.sum(1) + hosted(spilled, partner)
         old = partner[a]
         mine = spilled[a].sum()
-        new = jnp.where(starting, match(local)[a], old)
-        new = jnp.where(new < 0, old, new)
+        new = jnp.where(starting, match(local)[a], old)          # -1: the middle stage of an odd count
         new_ok = new >= 0
         room = jnp.minimum(p2 * budget[new] - local[new], budget[new] - local[new] - running[new])
         movable = new_ok & (local[new] >= p1 * budget[new]) & (local[new] < p2 * budget[new]) & (room >= mine)

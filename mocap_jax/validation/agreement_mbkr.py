@@ -74,8 +74,7 @@ def fill_batch(model: str, hardware: str, stages: int, partition, fill: float) -
 
     m, hw = get_model(model), get_hardware(hardware)
     mp, hp = costs.ModelParams.from_spec(m, np.float64), costs.HardwareParams.from_spec(hw, np.float64)
-    layout = costs.StageLayout(num_stages=np.asarray(stages), handoff_hops=np.zeros(stages),
-                               handoff_bandwidth=np.ones(stages))
+    layout = costs.StageLayout.single_die(np.asarray(stages), np.zeros(stages), np.ones(stages))
     c = np.asarray(partition, np.float64)
     last = np.arange(len(c)) == len(c) - 1
     kv = costs.stage_kv_bytes_per_token(mp, hp, stages, stages, xp=np)

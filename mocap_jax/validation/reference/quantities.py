@@ -71,7 +71,7 @@ def quantities(model: ModelSpec, hw: HardwareSpec, items: Sequence[Item], placem
     bandwidth = np.ones(n)
     hops[: n - 1] = handoff_hops[next_stage, next_stage + 1]
     bandwidth[: n - 1] = handoff_bw[next_stage, next_stage + 1]
-    layout = StageLayout(num_stages=np.asarray(n, np.int32), handoff_hops=hops, handoff_bandwidth=bandwidth)
+    layout = StageLayout.single_die(np.asarray(n, np.int32), hops, bandwidth)
     c = np.array([it.tokens for it in items], np.float64)
     p = np.array([it.prefix for it in items], np.float64)
     b = np.array([it.requests for it in items], np.float64)
