@@ -67,45 +67,53 @@ def evaluate_partitions(partitions, batches, point: Point, shape: SimShape, fiel
     return evaluate_many(pts, shape, axes, fields)
 
 
-def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: int, window: int):
-    """B' of each of ``[C, M]`` partitions: the largest batch in ``[1, max_batch]`` that fits (0 if none).
+def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: int, window: int,
+                  fields: tuple = ()):
+    """B' of each of ``[C, M]`` partitions -- the largest batch in ``[1, max_batch]`` that fits (0 if
+    none) -- and the evaluation ``fields`` at B' (``[C, ...]``; undefined where B' = 0).
 
-    The first round evaluates each partition at its ``hint [C]`` and ``hint + 1`` (an annealing
-    move rarely changes B', and then this one round settles it); while some partition's bracket
-    (largest known fit, smallest known misfit) is still open, each round evaluates ``window``
-    batches spread evenly over it.  Exact when feasibility is monotone in the batch.
+    Each round evaluates ``window`` batches per partition: the first round the batches around its
+    ``hint [C]`` (``hint - window // 2 + 1 ... hint + window // 2``; an annealing move rarely
+    changes B' by more, and then this one round settles it), later rounds batches spread evenly
+    over the partition's open bracket (largest known fit, smallest known misfit), until every
+    bracket is closed.  Exact when feasibility is monotone in the batch.  The evaluator appears
+    once in the traced program (inside the loop), and the fields at B' are kept from the round
+    that found it, so no final evaluation is needed.
     """
     C, M = partitions.shape
-
-    def fits(cand):
-        w = cand.shape[1]
-        ok = evaluate_partitions(jnp.repeat(partitions, w, axis=0), cand.reshape(-1), point, shape,
-                                 ("feasible",))["feasible"]
-        return ok.reshape(C, w)
-
-    def narrow(lo, hi, cand):
-        ok = fits(cand)
-        lo = jnp.maximum(lo, jnp.max(jnp.where(ok, cand, 0), axis=1))
-        hi = jnp.minimum(hi, jnp.min(jnp.where(ok, max_batch + 1, cand), axis=1))
-        return lo, hi
-
-    lo = jnp.zeros((C,), jnp.int32)
-    hi = jnp.full((C,), max_batch + 1, jnp.int32)
-    h = jnp.clip(jnp.asarray(hint, jnp.int32), 1, max_batch)
-    lo, hi = narrow(lo, hi, jnp.stack([h, jnp.minimum(h + 1, max_batch)], axis=1))
+    names = ("feasible",) + tuple(f for f in fields if f != "feasible")
     offsets = jnp.arange(window)
+    h = jnp.clip(jnp.asarray(hint, jnp.int32), 1, max_batch)
+
+    def evaluate_at(cand):
+        out = evaluate_partitions(jnp.repeat(partitions, window, axis=0), cand.reshape(-1), point, shape, names)
+        return {k: v.reshape((C, window) + v.shape[1:]) for k, v in out.items()}
 
     def round_(state):
-        lo, hi = state
+        lo, hi, first, best = state
         gap = hi - lo - 1
         step = jnp.maximum(gap // (window + 1), 1)
-        cand = jnp.where(gap[:, None] <= window, lo[:, None] + 1 + offsets[None, :],
-                         lo[:, None] + step[:, None] * (offsets[None, :] + 1))
-        cand = jnp.clip(jnp.minimum(cand, hi[:, None] - 1), 1, max_batch)
-        return narrow(lo, hi, cand.astype(jnp.int32))
+        spread = jnp.where(gap[:, None] <= window, lo[:, None] + 1 + offsets[None, :],
+                           lo[:, None] + step[:, None] * (offsets[None, :] + 1))
+        spread = jnp.minimum(spread, hi[:, None] - 1)
+        around = h[:, None] + offsets[None, :] - (window // 2 - 1)
+        cand = jnp.clip(jnp.where(first, around, spread), 1, max_batch).astype(jnp.int32)
+        out = evaluate_at(cand)
+        ok = out["feasible"]
+        top = jnp.max(jnp.where(ok, cand, 0), axis=1)
+        found = top > lo
+        at = jnp.argmax(jnp.where(ok, cand, 0), axis=1)
+        pick = lambda v: jnp.take_along_axis(v, at.reshape((C, 1) + (1,) * (v.ndim - 2)), axis=1)[:, 0]
+        best = {k: jnp.where(found.reshape((C,) + (1,) * (best[k].ndim - 1)), pick(out[k]), best[k]) for k in best}
+        lo = jnp.maximum(lo, top)
+        hi = jnp.minimum(hi, jnp.min(jnp.where(ok, max_batch + 1, cand), axis=1))
+        return lo, hi, jnp.zeros((), bool), best
 
-    lo, _ = jax.lax.while_loop(lambda state: jnp.any(state[1] - state[0] > 1), round_, (lo, hi))
-    return lo
+    shapes = jax.eval_shape(evaluate_at, jnp.ones((C, window), jnp.int32))
+    best = {k: jnp.zeros((C,) + v.shape[2:], v.dtype) for k, v in shapes.items() if k in fields}
+    state = (jnp.zeros((C,), jnp.int32), jnp.full((C,), max_batch + 1, jnp.int32), jnp.ones((), bool), best)
+    lo, _, _, best = jax.lax.while_loop(lambda st: st[2] | jnp.any(st[1] - st[0] > 1), round_, state)
+    return lo, best
 
 
 def propose_partition(words, x, max_shift: int):
@@ -141,7 +149,7 @@ class PartitionProblem:
     batch_search: bool = True
     max_batch: int = 256
     max_shift: int = 4
-    window: int = 8
+    window: int = 4
     requests: int = 0
 
     def propose(self, words, x, ctx: PartitionContext):
@@ -151,29 +159,30 @@ class PartitionProblem:
         """Every chain's first B' search starts at the context's batch."""
         return jnp.full((chains,), ctx.batch, jnp.int32)
 
-    def batches(self, xs, ctx: PartitionContext, hint=None, shape: SimShape | None = None):
-        """B' of each candidate (or the fixed batch), the search starting at ``hint [C]``."""
+    def batches(self, xs, ctx: PartitionContext, hint=None, shape: SimShape | None = None, fields: tuple = ()):
+        """B' of each candidate (or the fixed batch), the search starting at ``hint [C]``, with the
+        evaluation ``fields`` at B'."""
         parts = xs * ctx.granularity
+        shape = shape or self.shape
         if not self.batch_search:
-            return jnp.full((xs.shape[0],), ctx.batch, jnp.int32)
+            B = jnp.full((xs.shape[0],), ctx.batch, jnp.int32)
+            return B, evaluate_partitions(parts, B, ctx.point, shape, fields) if fields else {}
         hint = self.initial_aux(ctx, xs.shape[0]) if hint is None else hint
-        return largest_batch(parts, ctx.point, shape or self.shape, hint, self.max_batch, self.window)
+        return largest_batch(parts, ctx.point, shape, hint, self.max_batch, self.window, fields)
 
     def evaluate(self, xs, ctx: PartitionContext, aux):
         """``(objectives [C], B' [C])`` of candidates ``xs [C, M]`` (units), B' searched from ``aux``."""
         parts = xs * ctx.granularity
-        B = self.batches(xs, ctx, aux)
+        B, out = self.batches(xs, ctx, aux, fields=("prefill_latency_s", "period_s", "feasible", "extra"))
         ok_batch = B > 0
         Bs = jnp.maximum(B, 1)
-        out = evaluate_partitions(parts, Bs, ctx.point, self.shape,
-                                  ("prefill_latency_s", "period_s", "feasible", "extra"))
         feasible = out["feasible"] & ok_batch
         per = Bs.astype(out["period_s"].dtype) if self.batch_search else 1.0
         if self.objective == "prefill":
             return jnp.where(feasible, out["prefill_latency_s"] / per, jnp.inf), B
         if self.objective == "throughput":
             return jnp.where(feasible, out["period_s"] / Bs.astype(out["period_s"].dtype), jnp.inf), B
-        plain = self.batches(xs, ctx, B, self.shape._replace(mbkr=MBKRMode.OFF)) \
+        plain = self.batches(xs, ctx, B, self.shape._replace(mbkr=MBKRMode.OFF))[0] \
             if self.shape.mbkr != MBKRMode.OFF and self.batch_search else Bs
         serving = ServingShape(prefill=self.shape._replace(batches=1), requests=self.requests)
         K, N = self.shape.items, self.shape.stages

@@ -129,6 +129,7 @@ def _plan_at(tables, cap, batch):
 
 
 _plans = jax.jit(jax.vmap(_plan_at, in_axes=(None, 0, None)))
+_evaluate_jit = jax.jit(evaluate, static_argnums=1)
 """:func:`_plan_at` for a batch of caps ``[P]`` (tables ``[B_pad, U + 1, U + 1]``, batch traced):
 ``G_c[batch] [P]``, slicing backpointers ``[P, B_pad, U + 1]``, split backpointers ``[P, B_pad]``."""
 
@@ -277,7 +278,7 @@ def versus_one_group(model="llama3-70b", hardware="mocap-4x4", seq_len: int = 81
     def describe(plan):
         k_pad = bucket(sum(len(x) for x in plan.slicings))
         point = build_point(s.model, s.hardware, terapipe_items(plan, k_pad), placement, s.n_pad, s.dtype)
-        out = jax.jit(evaluate, static_argnums=1)(point, SimShape(items=k_pad, stages=s.n_pad, groups=k_pad))
+        out = _evaluate_jit(point, SimShape(items=k_pad, stages=s.n_pad, groups=k_pad))
         out = {"raw_latency_s": out.raw_latency_s, "feasible": out.feasible}
         return {"groups": list(plan.groups), "slices": [len(x) for x in plan.slicings],
                 "slicings": [x.tolist() for x in plan.slicings], "objective_s": plan.objective, "cap_s": plan.cap,

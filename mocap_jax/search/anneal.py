@@ -11,10 +11,11 @@ A search is a hashable *problem* (evosax style: static structure in the object, 
   chain (``aux [C]``: what the problem knows about each chain's current state that helps
   evaluate its neighbours, e.g. its largest feasible batch; kept only for accepted moves).
 
-:func:`init` evaluates the starting states; :func:`step` proposes one move per chain, evaluates
-all proposals in one batched call and accepts each with the Metropolis rule at a temperature
-cooled geometrically from ``t_start`` to ``t_end`` (relative to a reference objective);
-:func:`anneal` runs the steps.  Chain c's random words at step i are a counter-based hash of
+:func:`init` builds chains whose first :func:`step` evaluates the starting states themselves
+(so one compiled program serves the whole search); every later step proposes one move per
+chain, evaluates all proposals in one batched call and accepts each with the Metropolis rule at a
+temperature cooled geometrically from ``t_start`` to ``t_end`` (relative to a reference
+objective); :func:`anneal` runs the steps.  Chain c's random words at step i are a counter-based hash of
 (seed, c, i, word) (:func:`random_words`), so a chain's path does not depend on how the chains
 are split over devices, and a fixed seed gives the same answer; the hash is a few integer
 operations, where a threefry key split per chain and step made the step program several times
@@ -123,34 +124,45 @@ def relative(values, reference):
     return jnp.where(jnp.isfinite(values), values / reference, PENALTY)
 
 
-def init(problem, x0, values, aux, reference) -> Chains:
-    """Chains starting at ``x0 [C, D]`` whose objectives are ``values [C]`` and auxiliary states ``aux [C]``."""
+def init(x0, aux) -> Chains:
+    """Chains at ``x0 [C, D]`` with auxiliary states ``aux [C]``, not yet evaluated: their first
+    :func:`step` evaluates ``x0`` (``step = -1``)."""
     x0 = np.asarray(x0, np.int32)
-    v = np.asarray(relative(jnp.asarray(values), reference), np.float32)
     C = x0.shape[0]
+    unknown = np.full((C,), PENALTY, np.float32)
     # every field its own buffer: the step donates its input chains
-    return Chains(x=x0.copy(), value=v.copy(), best=x0.copy(), best_value=v.copy(), accepted=np.zeros((C,), np.int32),
-                  aux=np.asarray(aux, np.int32).copy(),
-                  index=np.arange(C, dtype=np.int32), step=np.zeros((), np.int32))
+    return Chains(x=x0.copy(), value=unknown.copy(), best=x0.copy(), best_value=unknown.copy(),
+                  accepted=np.zeros((C,), np.int32), aux=np.asarray(aux, np.int32).copy(),
+                  index=np.arange(C, dtype=np.int32), step=np.full((), -1, np.int32))
 
 
 def step(problem, chains: Chains, seed, schedule: Schedule, ctx) -> Chains:
-    """One move of every chain: propose, evaluate all proposals at once, accept by the Metropolis rule."""
+    """One move of every chain: propose, evaluate all proposals at once, accept by the Metropolis
+    rule.  The first step (``chains.step == -1``) evaluates and takes the current states instead."""
+    starting = chains.step < 0
     words = jax.vmap(lambda c: random_words(seed, c, chains.step, PROPOSAL_WORDS + 1))(chains.index)
     proposal, valid = jax.vmap(lambda w, x: problem.propose(w, x, ctx))(words[:, :PROPOSAL_WORDS], chains.x)
+    proposal = jnp.where(starting, chains.x, proposal)
     raw, aux = problem.evaluate(proposal, ctx, chains.aux)
     values = relative(raw, schedule.reference)
-    frac = chains.step.astype(jnp.float32) / jnp.maximum(schedule.steps - 1, 1).astype(jnp.float32)
+    frac = jnp.maximum(chains.step, 0).astype(jnp.float32) / jnp.maximum(schedule.steps - 1, 1).astype(jnp.float32)
     temperature = schedule.t_start * (schedule.t_end / schedule.t_start) ** frac
     u = uniform(words[:, PROPOSAL_WORDS])
-    accept = valid & ((values <= chains.value) | (u < jnp.exp(-(values - chains.value) / temperature)))
+    accept = starting | (valid & ((values <= chains.value) | (u < jnp.exp(-(values - chains.value) / temperature))))
     x = jnp.where(accept[:, None], proposal, chains.x)
     value = jnp.where(accept, values, chains.value)
-    better = value < chains.best_value
+    better = starting | (value < chains.best_value)
     return Chains(x=x, value=value, best=jnp.where(better[:, None], x, chains.best),
                   best_value=jnp.where(better, value, chains.best_value),
-                  accepted=chains.accepted + accept.astype(jnp.int32), aux=jnp.where(accept, aux, chains.aux),
-                  index=chains.index, step=chains.step + 1)
+                  accepted=chains.accepted + (accept & ~starting).astype(jnp.int32),
+                  aux=jnp.where(accept, aux, chains.aux), index=chains.index, step=chains.step + 1)
+
+
+def rescale(chains: Chains, reference: float) -> Chains:
+    """Chains whose objectives were taken relative to 1, expressed relative to ``reference``."""
+    scale = lambda v: np.where(v >= PENALTY, PENALTY, np.asarray(v) / reference).astype(np.float32)
+    return Chains(x=chains.x, value=scale(chains.value), best=chains.best, best_value=scale(chains.best_value),
+                  accepted=chains.accepted, aux=chains.aux, index=chains.index, step=chains.step)
 
 
 def chain_devices(chains: int, devices: int | None = None) -> tuple:
@@ -166,14 +178,15 @@ def chain_devices(chains: int, devices: int | None = None) -> tuple:
 
 @functools.lru_cache(maxsize=64)
 def _programs(problem, devices: tuple, steps_per_call: int = 1):
-    """The compiled step (``steps_per_call`` steps per call) and batched evaluation for chains split
-    over ``devices``, and where to put inputs."""
+    """The compiled step program (one step per call, or ``count`` steps in a loop when
+    ``steps_per_call > 1``) and batched evaluation for chains split over ``devices``, and where to
+    put inputs."""
     evaluate = lambda xs, ctx, aux: problem.evaluate(xs, ctx, aux)
 
-    def fn(chains, seed, schedule, ctx):
+    def fn(chains, seed, schedule, ctx, count):
         if steps_per_call == 1:
             return step(problem, chains, seed, schedule, ctx)
-        return jax.lax.fori_loop(0, steps_per_call, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
+        return jax.lax.fori_loop(0, count, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
 
     if len(devices) == 1:
         return jax.jit(fn, donate_argnums=(0,)), jax.jit(evaluate), None, None
@@ -181,8 +194,8 @@ def _programs(problem, devices: tuple, steps_per_call: int = 1):
     rows, shared = PartitionSpec("chains"), PartitionSpec()
     chain_spec = Chains(x=rows, value=rows, best=rows, best_value=rows, accepted=rows, aux=rows, index=rows,
                         step=shared)
-    stepped = jax.shard_map(fn, mesh=mesh, in_specs=(chain_spec, shared, shared, shared), out_specs=chain_spec,
-                            check_vma=False)
+    stepped = jax.shard_map(fn, mesh=mesh, in_specs=(chain_spec, shared, shared, shared, shared),
+                            out_specs=chain_spec, check_vma=False)
     evaluated = jax.shard_map(evaluate, mesh=mesh, in_specs=(rows, shared, rows), out_specs=(rows, rows),
                               check_vma=False)
     place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
@@ -226,21 +239,25 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     C = x0.shape[0]
     if steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} must divide steps={steps}")
-    stepped, evaluated, rows, shared = _programs(problem, chain_devices(C, devices), steps_per_call)
+    stepped, _, rows, shared = _programs(problem, chain_devices(C, devices), steps_per_call)
     put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
-    values, aux = evaluate_states(problem, x0, ctx, devices=len(chain_devices(C, devices)))
-    finite = values[np.isfinite(values)]
+    schedule = lambda ref: put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
+                                        reference=np.float32(ref)), shared)
+    seed, ctx = put(np.uint32(seed), shared), put(ctx, shared)
+    one, many = put(np.int32(1), shared), put(np.int32(steps_per_call), shared)
+    aux = np.asarray(problem.initial_aux(ctx, C), np.int32)
+    # the first step evaluates the starting states (objectives relative to 1), which fix the reference
+    chains = stepped(put(init(x0, aux), rows), seed, schedule(1.0), ctx, one)
+    values = np.asarray(chains.value)
+    finite = values[values < PENALTY]
     if reference is None:
         reference = float(finite.min()) if finite.size and finite.min() > 0 else 1.0
-    chains = init(problem, x0, values, aux, np.float32(reference))
-    chains = jax.device_put(chains, rows if rows is not None else None)
-    schedule = put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
-                            reference=np.float32(reference)), shared)
-    seed, ctx = put(np.uint32(seed), shared), put(ctx, shared)
+    chains = put(rescale(jax.device_get(chains), reference), rows)
+    cooling = schedule(reference)
     # the step loop runs in Python around one compiled program (objectives that loop internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
     for i in range(steps // steps_per_call):
-        chains = stepped(chains, seed, schedule, ctx)
+        chains = stepped(chains, seed, cooling, ctx, many)
         if (i + 1) % DISPATCH_AHEAD == 0:
             chains.value.block_until_ready()
     best_value = np.asarray(chains.best_value) * reference
