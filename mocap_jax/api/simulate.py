@@ -187,7 +187,7 @@ def run(cfg: Config, timeline: bool = True, items=None) -> SimResult:
     else:
         table, slots = items
         shape = cfg.shape(slots)._replace(groups=slots)
-        point = replace_items(cfg.point(slots), table)
+        point = replace_items(cfg.point(), table)        # only the items depend on the slot count
         k1 = int(np.sum(table.valid))
     ev = jax.device_get(_evaluate_one(point, shape))
     check_honest({k: np.asarray(getattr(ev, k))[None] for k in (
