@@ -7,8 +7,8 @@ import pytest
 
 from mocap_jax.cli import main
 from mocap_jax.specs import SpecError
-from mocap_jax.wsc.workload import (LENGTH_FITS, LengthFit, Trace, get_trace, load_azure_trace, parse_timestamp,
-                                    resolve_workload_name, synthetic_trace)
+from mocap_jax.wsc.synthetic import LENGTH_FITS, LengthFit, get_trace, resolve_workload_name, synthetic_trace
+from mocap_jax.wsc.traces import Trace, load_azure_trace, parse_timestamp
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
