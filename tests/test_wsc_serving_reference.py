@@ -9,6 +9,7 @@ import pytest
 from mocap_jax.wsc import serving as sv
 from mocap_jax.wsc import serving_inputs as si
 from mocap_jax.wsc import reference as ref
+from mocap_jax.wsc.metrics import agreement
 from mocap_jax.wsc import setup as su
 from mocap_jax.wsc.hardware import wsc_wafer
 from mocap_jax.wsc.synthetic import synthetic_trace
@@ -68,7 +69,7 @@ def test_array_matches_reference_exactly_in_float64(runs):
     pts, arr, refs = runs
     assert arr.groups == 1  # every point (wafer and cluster, 16 dies) ran as one compiled program
     for (setup, trace), a, (r, out) in zip(pts, arr.results, refs):
-        ag = ref.agreement(a, r)
+        ag = agreement(a, r)
         assert ag["same_finished"], setup.label
         for k in ("ttft", "tpot", "e2e"):
             assert ag[f"{k}_max_rel_err"] < 1e-9, (setup.label, k, ag)
@@ -101,7 +102,7 @@ def test_float32_program_agrees_with_float64_reference(runs):
     pts, _, refs = runs
     arr32 = sv.simulate(pts, dtype=jnp.float32)
     for a, (r, _) in zip(arr32.results, refs):
-        ag = ref.agreement(a, r)
+        ag = agreement(a, r)
         assert ag["same_finished"]
         assert ag["e2e_mean_rel_err"] < 1e-4 and ag["ttft_mean_rel_err"] < 1e-3
         assert ag["aggregate_max_rel_err"] < 1e-3

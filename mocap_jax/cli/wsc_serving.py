@@ -16,6 +16,7 @@ import numpy as np
 from ..specs import SpecError, checks, get_model
 from ..wsc import reference as ref
 from ..wsc.explore import write_rows
+from ..wsc.metrics import agreement
 from ..wsc.memory import POLICIES
 from ..wsc.serving import simulate
 from ..wsc.setup import CONTENTION, PLACEMENTS, SCHEDULERS, ServingConfig, build_setup, workload_for
@@ -77,9 +78,9 @@ def cmd_serve(args) -> int:
     if args.check_reference:
         r64 = simulate([(setup, trace)], dtype=jnp.float64).results[0] if dtype != jnp.float64 else res
         rres, rout = ref.reference_result(setup, trace)
-        check = {"float64": ref.agreement(r64, rres), "reference_wall_s": rout.wall_s, "reference_events": rout.events}
+        check = {"float64": agreement(r64, rres), "reference_wall_s": rout.wall_s, "reference_events": rout.events}
         if dtype != jnp.float64:
-            check["float32_vs_reference"] = ref.agreement(res, rres)
+            check["float32_vs_reference"] = agreement(res, rres)
     if args.out:
         write_rows([res.row()], args.out)
     if args.json:
@@ -136,7 +137,7 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
     t0 = time.perf_counter()
     refs = [ref.reference_result(s, t) for s, t in pts[:reference_points]]
     ref_s = time.perf_counter() - t0
-    errs = [ref.agreement(a, r) for a, (r, _) in zip(warm.results, refs)]
+    errs = [agreement(a, r) for a, (r, _) in zip(warm.results, refs)]
     n_arr = points * requests
     n_ref = reference_points * requests
     arr_rps = n_arr / warm.wall_s

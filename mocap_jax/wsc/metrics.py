@@ -119,4 +119,35 @@ def infeasible_metrics(trace: Trace) -> dict[str, Any]:
     return out
 
 
-__all__ = ["RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics"]
+def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]:
+    """Relative error of one simulation against another, e.g. the array program against the reference.
+
+    Returns:
+      ``{ttft,tpot,e2e}_{mean,max}_rel_err`` over requests finished by both,
+      ``same_finished`` (identical sets of finished / dropped requests), the largest relative
+      difference of the aggregate metrics (``aggregate_max_rel_err``) and of SLO goodput
+      (``goodput_rel_err``).
+    """
+    a, b = array_result.requests, ref.requests
+    out: dict[str, Any] = {"same_finished": bool(np.array_equal(a.finished, b.finished)
+                                                 and np.array_equal(a.dropped, b.dropped))}
+    both = a.finished & b.finished
+    for k in ("ttft", "tpot", "e2e"):
+        x, y = getattr(a, k)[both], getattr(b, k)[both]
+        ok = np.isfinite(x) & np.isfinite(y)
+        rel = np.abs(x[ok] - y[ok]) / np.maximum(np.abs(y[ok]), 1e-12)
+        out[f"{k}_mean_rel_err"] = float(rel.mean()) if rel.size else 0.0
+        out[f"{k}_max_rel_err"] = float(rel.max()) if rel.size else 0.0
+    worst = 0.0
+    for k in ("ttft_mean", "tpot_mean", "e2e_mean", "e2e_p99", "tokens_per_s", "dram_util_mean"):
+        x, y = array_result.metrics[k], ref.metrics[k]
+        if math.isfinite(x) and math.isfinite(y):
+            worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
+    out["aggregate_max_rel_err"] = worst
+    ga, gb = array_result.metrics["goodput_rps"], ref.metrics["goodput_rps"]
+    out["goodput_rel_err"] = abs(ga - gb) / max(abs(gb), 1e-12)
+    return out
+
+
+__all__ = ["RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics",
+           "agreement"]

@@ -287,7 +287,9 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
     """Candidates of several hardware points of one grid and topology: one ``jit(vmap(vmap))`` call.
 
     The instance plans depend only on the grid's topology, so they are shared; the hardware
-    numbers are a batch ``[H]``.  Returns one candidate list per wafer.
+    numbers are a batch ``[H]``.  Both batches are padded (plans to a multiple of 64, hardware to
+    a multiple of 16) so that grids and sweeps of different sizes share one compiled program.
+    Returns one candidate list per wafer.
     """
     wafers = list(wafers)
     first = wafers[0]
@@ -295,8 +297,10 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
         raise SpecError("evaluate_candidates_many: every wafer must have the same grid and topology")
     shapes = instance_shapes(first) if shapes is None else list(shapes)
     configs = [InstanceConfig(h, w, s) for (h, w) in shapes for s in strategies]
-    plans = stack_plans([tp_plan(model, first, c, dtype) for c in configs])
-    hw = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[WaferParams.from_spec(w, dtype) for w in wafers])
+    plans = [tp_plan(model, first, c, dtype) for c in configs]
+    plans = stack_plans(plans + [plans[-1]] * (-len(plans) % 64))
+    hws = [WaferParams.from_spec(w, dtype) for w in wafers]
+    hw = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *(hws + [hws[-1]] * (-len(hws) % 16)))
     out = _goodput_batch(model_params(model, dtype), hw, plans, WorkloadParams.from_spec(workload, dtype), targets,
                          max_batch)
     out = jax.tree_util.tree_map(np.asarray, out)

@@ -146,47 +146,65 @@ def decode_centred_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, de
 
     dec_pos = sorted(_positions(wafer, decode_shape), key=lambda p: (centre_dist(p), p))
     pre_pos = _positions(wafer, prefill_shape)
-    occ = np.zeros((wafer.rows, wafer.cols), bool)
-    nodes = [0]
     cdie = lambda p: (p[0] + (p[2] - 1) // 2) * wafer.cols + (p[1] + (p[3] - 1) // 2)
+    bits = lambda p: sum(1 << ((rr * wafer.cols) + cc) for rr in range(p[0], p[0] + p[2]) for cc in range(p[1], p[1] + p[3]))
+    dec_bits = [bits(p) for p in dec_pos]
+    pre_bits = [bits(p) for p in pre_pos]
+    pre_dies = np.asarray([cdie(p) for p in pre_pos])
+    pre_dist = [centre_dist(p) for p in pre_pos]
+    need = lambda nd, np_: (n_decode - nd) * decode_shape[0] * decode_shape[1] \
+        + (n_prefill - np_) * prefill_shape[0] * prefill_shape[1]
+    nodes = [0]
+    routes: dict = {}
+    failed: dict = {}   # (occupancy, decode and prefill placed) -> nodes its exhausted subtree took
 
-    def free(p):
-        r, c, h, w = p
-        return not occ[r:r + h, c:c + w].any()
+    def prefill_routes(decs):
+        """Route link rows ``[positions, L]`` of every prefill position to its nearest decode centre."""
+        key = tuple(decs)
+        if key not in routes:
+            dec_dies = np.asarray([cdie(dec_pos[k]) for k in decs])
+            nearest = dec_dies[np.argmin(g.hops[pre_dies][:, dec_dies], axis=1)]
+            routes[key] = g.incidence[pre_dies, nearest].astype(np.float64)
+        return routes[key]
 
-    def rec(decs, pres):
+    def rec(occ, decs, pres, use):
+        key = (occ, len(decs), len(pres))
+        if key in failed:  # no completion from here (the search of a subtree is exhaustive): charge its nodes
+            nodes[0] += failed[key]
+            return None
+        start = nodes[0]
+        res = _rec(occ, decs, pres, use)
+        if res is None and nodes[0] <= node_budget:
+            failed[key] = nodes[0] - start
+        return res
+
+    def _rec(occ, decs, pres, use):
         nodes[0] += 1
         if nodes[0] > node_budget:
             return None
         if len(decs) == n_decode and len(pres) == n_prefill:
             return decs, pres
-        area_left = (n_decode - len(decs)) * decode_shape[0] * decode_shape[1] \
-            + (n_prefill - len(pres)) * prefill_shape[0] * prefill_shape[1]
-        if area_left > (~occ).sum():
+        if need(len(decs), len(pres)) > wafer.num_dies - bin(occ).count("1"):
             return None
         if len(decs) < n_decode:
-            order = [p for p in dec_pos if free(p)]
-            nxt = lambda p: (decs + [p], pres)
-        else:
-            dec_dies = np.asarray([cdie(p) for p in decs])
-            scored = []
-            for p in pre_pos:
-                if free(p):
-                    cost, _, _ = transfer_cost_arrays(np.asarray([cdie(q) for q in pres] + [cdie(p)]), dec_dies,
-                                                      g.hops, g.incidence, float(alpha), xp=np)
-                    scored.append((float(cost), centre_dist(p), p))
-            order = [p for *_, p in sorted(scored)]
-            nxt = lambda p: (decs, pres + [p])
-        for p in order:
-            r, c, h, w = p
-            occ[r:r + h, c:c + w] = True
-            res = rec(*nxt(p))
-            occ[r:r + h, c:c + w] = False
+            for k, m in enumerate(dec_bits):
+                if not m & occ:
+                    res = rec(occ | m, decs + [k], pres, use)
+                    if res is not None:
+                        return res
+            return None
+        rows = prefill_routes(decs)
+        free = [k for k, m in enumerate(pre_bits) if not m & occ]
+        after = use[None, :] + rows[free]                      # link uses with each free position added
+        cost = np.sum(np.where(after > 0, after * np.power(float(alpha), np.maximum(after - 1, 0)), 0.0), axis=1)
+        for _, _, k in sorted(zip(cost.tolist(), [pre_dist[k] for k in free], free),
+                              key=lambda x: (x[0], x[1], pre_pos[x[2]])):
+            res = rec(occ | pre_bits[k], decs, pres + [k], use + rows[k])
             if res is not None:
                 return res
         return None
 
-    res = rec([], [])
+    res = rec(0, [], [], np.zeros(g.incidence.shape[-1]))
     if res is None:
         placed = pack_instances(wafer.rows, wafer.cols, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
         if placed is None:
@@ -194,8 +212,8 @@ def decode_centred_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, de
                             f"{decode_shape[0]}x{decode_shape[1]} decode instances on {wafer.name}")
         return _from_packing(wafer, placed, KINDS)
     decs, pres = res
-    return Layout(wafer.rows, wafer.cols, tuple(Instance("decode", *p) for p in decs)
-                  + tuple(Instance("prefill", *p) for p in pres))
+    return Layout(wafer.rows, wafer.cols, tuple(Instance("decode", *dec_pos[k]) for k in decs)
+                  + tuple(Instance("prefill", *pre_pos[k]) for k in pres))
 
 
 def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,

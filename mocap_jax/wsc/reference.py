@@ -28,69 +28,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..specs import SpecError
 from . import memory as mem
-from . import perf
-from .hardware import WaferParams
 from .metrics import ServingResult, aggregate_metrics, request_metrics
-from .plan import model_params, tp_plan
+from .reference_costs import IterationCosts
 from .reference_flows import FlowNetwork
 from .setup import ServingSetup
 from .traces import Trace
 
 TRANSFER, DECODE, ARRIVAL, PREFILL = -1, 0, 1, 2
-
-
-class _Costs:
-    """Jitted per-iteration costs and traffic of one set-up (float64 when x64 is enabled)."""
-
-    def __init__(self, setup: ServingSetup):
-        dt = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-        self.dtype = np.dtype(dt)
-        model = model_params(setup.model, dt)
-        hw = WaferParams.from_spec(setup.wafer, dt)
-        pplan = tp_plan(setup.model, setup.wafer, setup.prefill, dt)
-        dplan = tp_plan(setup.model, setup.wafer, setup.decode, dt)
-        scaled = lambda own, coll: hw.replace(dram_bandwidth=hw.dram_bandwidth * own,
-                                              link_bandwidth=hw.link_bandwidth * coll,
-                                              node_bandwidth=hw.node_bandwidth * coll)
-        self.kv_per_token_block = float(np.asarray(model.kv_elements_per_token_layer * dplan.kv_read_amplification
-                                                   * hw.kv_bytes))
-        self.layers = float(setup.model.layers)
-
-        @jax.jit
-        def prefill(chunk, prefix, last, mask, own, coll):
-            return perf.prefill_iteration_time(model, scaled(own, coll), pplan, chunk, prefix, last, mask)
-
-        @jax.jit
-        def prefill_traffic(tokens, kv_read, head):
-            return perf.iteration_traffic(model, hw, pplan, tokens, kv_read, head)
-
-        @jax.jit
-        def decode_table_remote(n, ctx, rt, hops, inter, ingress):
-            remote = perf.RemoteKV(tokens=rt, hops=hops, internode=inter, ingress_links=ingress)
-            return perf.decode_time(model, hw, dplan, n, ctx, remote)
-
-        @jax.jit
-        def decode_local(n, ctx):
-            return perf.decode_time(model, hw, dplan, n, ctx, None)
-
-        @jax.jit
-        def decode_links(n, ctx, local, link_bytes, link_rate, dram_bytes, dram_rate, latency, own, coll):
-            remote = perf.remote_read_time(link_bytes, link_rate, dram_bytes, dram_rate, latency)
-            return perf.iteration_time(model, scaled(own, coll), dplan, n, ctx, local, n, remote)
-
-        @jax.jit
-        def decode_traffic(n, local):
-            return perf.iteration_traffic(model, hw, dplan, n, local, n)
-
-        self.prefill, self.prefill_traffic = prefill, prefill_traffic
-        self.decode_table_remote, self.decode_local = decode_table_remote, decode_local
-        self.decode_links, self.decode_traffic = decode_links, decode_traffic
 
 
 @dataclass
@@ -153,7 +101,7 @@ def simulate_reference(setup: ServingSetup, trace: Trace) -> ReferenceOutput:
         raise SpecError(f"{setup.label}: infeasible design point ({setup.reason})")
     t_start = time.perf_counter()
     cfg = setup.config
-    costs = _Costs(setup)
+    costs = IterationCosts(setup)
     fdt = costs.dtype
     n_req = len(trace)
     arrival = trace.arrival_s.astype(float)
@@ -469,34 +417,4 @@ def reference_result(setup: ServingSetup, trace: Trace) -> tuple[ServingResult, 
     return ServingResult(setup, trace, met, rm), out
 
 
-def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]:
-    """Relative error of the array program against the reference (per-request TTFT / TPOT / E2E).
-
-    Returns:
-      ``{ttft,tpot,e2e}_{mean,max}_rel_err`` over requests finished by both,
-      ``same_finished`` (identical sets of finished / dropped requests), the largest relative
-      difference of the aggregate metrics (``aggregate_max_rel_err``) and of SLO goodput
-      (``goodput_rel_err``).
-    """
-    a, b = array_result.requests, ref.requests
-    out: dict[str, Any] = {"same_finished": bool(np.array_equal(a.finished, b.finished)
-                                                 and np.array_equal(a.dropped, b.dropped))}
-    both = a.finished & b.finished
-    for k in ("ttft", "tpot", "e2e"):
-        x, y = getattr(a, k)[both], getattr(b, k)[both]
-        ok = np.isfinite(x) & np.isfinite(y)
-        rel = np.abs(x[ok] - y[ok]) / np.maximum(np.abs(y[ok]), 1e-12)
-        out[f"{k}_mean_rel_err"] = float(rel.mean()) if rel.size else 0.0
-        out[f"{k}_max_rel_err"] = float(rel.max()) if rel.size else 0.0
-    worst = 0.0
-    for k in ("ttft_mean", "tpot_mean", "e2e_mean", "e2e_p99", "tokens_per_s", "dram_util_mean"):
-        x, y = array_result.metrics[k], ref.metrics[k]
-        if math.isfinite(x) and math.isfinite(y):
-            worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
-    out["aggregate_max_rel_err"] = worst
-    ga, gb = array_result.metrics["goodput_rps"], ref.metrics["goodput_rps"]
-    out["goodput_rel_err"] = abs(ga - gb) / max(abs(gb), 1e-12)
-    return out
-
-
-__all__ = ["simulate_reference", "reference_result", "ReferenceOutput", "agreement"]
+__all__ = ["simulate_reference", "reference_result", "ReferenceOutput"]

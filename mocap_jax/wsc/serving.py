@@ -14,7 +14,7 @@ Layers: set-up (:mod:`~mocap_jax.wsc.setup`), inputs (:mod:`~mocap_jax.wsc.servi
 the array program (:mod:`~mocap_jax.wsc.serving_step`: ``jit(vmap(lax.scan(step)))`` over
 design points that share a static shape), metrics (:mod:`~mocap_jax.wsc.metrics`).
 :func:`simulate` ties them together: every feasible point of a call shares one static shape
-(one compiled program), run in slices of similar work.  Units: seconds, bytes, tokens.
+(one compiled program), in a batch of lanes that finished points leave to waiting ones.  Units: seconds, bytes, tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import jax
@@ -31,12 +32,16 @@ import numpy as np
 from ..specs import SpecError, checks
 from .metrics import ServingResult, aggregate_metrics, infeasible_metrics, request_metrics
 from .serving_inputs import ServingInputs, ServingShape, pack_inputs, request_bucket, shape_for, stack_inputs
+from .serving_state import initial_state
 from .serving_step import init_batch, run_batch
 from .setup import ServingSetup
 from .traces import Trace
 
 
 _COMPILED: dict = {}
+#: The serving program is thousands of small gathers, scatters and reductions: LLVM's optimisation
+#: passes triple its compile time on CPU without making a scan step measurably faster.
+COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 @dataclass
@@ -61,14 +66,40 @@ class BatchOutput:
     compile_s: float
 
 
+def _step_budget(inputs: ServingInputs, shape: ServingShape) -> np.ndarray:
+    """A bound on the scan steps each point needs (every event of the contract): ``[G]``."""
+    req = inputs.requests
+    out_tok = np.sum(np.asarray(req.output, np.float64), axis=-1)
+    pre_it = np.sum(np.asarray(req.prompt, np.float64), axis=-1) / np.asarray(inputs.cost.chunk_tokens, np.float64)
+    return (out_tok + pre_it + shape.requests * (6 + shape.prefill)).astype(np.int64) + 4096
+
+
+def _sharding(g: int, shard: bool):
+    """A 1-D ``points`` sharding over the local devices when ``g`` divides evenly, else None."""
+    devices = jax.local_devices()
+    if not shard or len(devices) < 2 or g % len(devices):
+        return None
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
+    return NamedSharding(mesh, PartitionSpec("points"))
+
+
+def _compiled(inputs, state, shape: ServingShape, chunk_steps: int):
+    key = (shape, chunk_steps, jax.tree_util.tree_structure(inputs),
+           tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs)))
+    if key not in _COMPILED:
+        _COMPILED[key] = run_batch.lower(inputs, state, shape, chunk_steps).compile(compiler_options=COMPILE_OPTIONS)
+    return _COMPILED[key]
+
+
 def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int = 512,
                    max_steps: int | None = None, shard: bool = True) -> BatchOutput:
-    """Run the array program on a batch of design points (leading axis of every leaf).
+    """Run the array program on a fixed batch of design points (leading axis of every leaf).
 
     Scans ``chunk_steps`` steps at a time (one compiled program), checking on the host
     whether every point has finished; stops at ``max_steps`` (default: a bound on the number
-    of events of the contract -- output tokens + prefill iterations + ``N (6 + P)``),
-    leaving unfinished points ``complete=False``.
+    of events of the contract), leaving unfinished points ``complete=False``.
 
     Args:
       inputs: stacked :class:`ServingInputs` ``[G, ...]``.
@@ -79,31 +110,16 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
         when their number divides evenly; the same program runs on one device.
     """
     chunk_steps = checks.integer("chunk_steps", chunk_steps, 1)
-    req = inputs.requests
-    if max_steps is None:  # every event of the contract, bounded: decode iterations <= output tokens, ...
-        out_tok = np.max(np.sum(np.asarray(req.output, np.float64), axis=-1))
-        pre_it = np.max(np.sum(np.asarray(req.prompt, np.float64), axis=-1)
-                        / np.asarray(inputs.cost.chunk_tokens, np.float64))
-        max_steps = int(out_tok + pre_it + shape.requests * (6 + shape.prefill)) + 4096
-    max_steps = int(max_steps)
+    max_steps = int(np.max(_step_budget(inputs, shape))) if max_steps is None else int(max_steps)
     t0 = time.perf_counter()
     inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
-    g = int(np.shape(req.count)[0])
-    devices = jax.local_devices()
-    if shard and len(devices) > 1 and g % len(devices) == 0:
-        from jax.sharding import AxisType, NamedSharding, PartitionSpec
-
-        mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
-        sharding = NamedSharding(mesh, PartitionSpec("points"))
+    sharding = _sharding(int(np.shape(inputs.requests.count)[0]), shard)
+    if sharding is not None:
         inputs = jax.device_put(inputs, sharding)
         st = jax.device_put(init_batch(inputs, shape), sharding)
     else:
         st = init_batch(inputs, shape)
-    key = (shape, chunk_steps, jax.tree_util.tree_structure(inputs),
-           tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs)))
-    if key not in _COMPILED:
-        _COMPILED[key] = run_batch.lower(inputs, st, shape, chunk_steps).compile()
-    compiled = _COMPILED[key]
+    compiled = _compiled(inputs, st, shape, chunk_steps)
     compile_s = time.perf_counter() - t0
     steps = 0
     while True:
@@ -122,6 +138,86 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
                        complete=done & ~overflow, steps=steps, wall_s=time.perf_counter() - t0, compile_s=compile_s)
 
 
+@partial(jax.jit, static_argnames=("sh",), donate_argnums=(0, 1))
+def _refill(inputs: ServingInputs, state, lanes, new_inputs: ServingInputs, sh: ServingShape):
+    """Lanes ``lanes [k]`` of a running batch start the new design points ``new_inputs [k, ...]``."""
+    fresh = jax.vmap(lambda x: initial_state(x, sh))(new_inputs)
+    put = lambda old, new: old.at[lanes].set(new)
+    return jax.tree_util.tree_map(put, inputs, new_inputs), jax.tree_util.tree_map(put, state, fresh)
+
+
+class _LanePool:
+    """A fixed-width batch of lanes running design points; a finished lane takes the next waiting point.
+
+    Points wait longest-first, so the batch stays full of comparable work and the last lanes to
+    finish are short ones; the program is compiled once for the batch width.
+    """
+
+    def __init__(self, packed: list[ServingInputs], shape: ServingShape, width: int, chunk_steps: int, shard: bool):
+        self.shape, self.chunk = shape, chunk_steps
+        self.waiting = list(range(len(packed)))
+        self.packed = packed
+        first = [self.waiting.pop(0) for _ in range(min(width, len(packed)))]
+        lanes = first + [first[-1]] * (width - len(first))   # spare lanes repeat a point, results unused
+        self.point = first + [None] * (width - len(first))
+        self.budget = np.asarray([int(_step_budget(stack_inputs([packed[k]]), shape)[0]) for k in lanes])
+        self.steps = np.zeros(width, np.int64)
+        self.inputs = jax.tree_util.tree_map(jnp.asarray, stack_inputs([packed[k] for k in lanes]))
+        self.sharding = _sharding(width, shard)
+        if self.sharding is not None:
+            self.inputs = jax.device_put(self.inputs, self.sharding)
+            self.state = jax.device_put(init_batch(self.inputs, shape), self.sharding)
+        else:
+            self.state = init_batch(self.inputs, shape)
+        t0 = time.perf_counter()
+        self.compiled = _compiled(self.inputs, self.state, shape, chunk_steps)
+        self.compile_s = time.perf_counter() - t0
+        self.total_steps = 0
+
+    def active(self) -> bool:
+        return any(p is not None for p in self.point)
+
+    def run(self) -> list[tuple[int, int, dict]]:
+        """Scan one chunk; return ``(lane, point, outputs)`` of the points that finished (or ran out of steps)."""
+        self.state, done = self.compiled(self.inputs, self.state)
+        self.total_steps += self.chunk
+        self.steps += self.chunk
+        done = np.asarray(done)
+        ready = [g for g, k in enumerate(self.point) if k is not None and (done[g] or self.steps[g] >= self.budget[g])]
+        if not ready:
+            return []
+        rs, tot = self.state.requests, self.state.totals
+        fetch = {"ttft_t": rs.first_token_t, "finish_t": rs.finish_t, "ready_t": rs.ready_t,
+                 "pinst": rs.prefill_instance, "dinst": rs.decode_instance, "dropped": rs.dropped,
+                 "kv_area": tot.kv_area, "kv_peak": tot.kv_peak, "end_s": tot.last_t, "events": tot.events,
+                 "leaped": tot.leaped, "overflow": tot.overflow}
+        host = {name: np.asarray(x) for name, x in fetch.items()}
+        out = []
+        for g in ready:
+            row = {name: x[g] for name, x in host.items()}
+            row["complete"] = bool(done[g]) and not bool(row["overflow"])
+            out.append((g, self.point[g], row))
+            self.point[g] = None
+        self._refill(ready)
+        return out
+
+    def _refill(self, lanes: list[int]) -> None:
+        new = [(g, self.waiting.pop(0)) for g in lanes if self.waiting]
+        if not new:
+            return
+        k = 1 << (len(new) - 1).bit_length()                     # a few distinct sizes, a few compiles
+        new = new + [new[-1]] * (k - len(new))
+        idx = jnp.asarray([g for g, _ in new], jnp.int32)
+        self.inputs, self.state = _refill(self.inputs, self.state, idx,
+                                          jax.tree_util.tree_map(jnp.asarray, stack_inputs([self.packed[p]
+                                                                                            for _, p in new])),
+                                          self.shape)
+        for g, p in new:
+            self.point[g] = p
+            self.steps[g] = 0
+            self.budget[g] = int(_step_budget(stack_inputs([self.packed[p]]), self.shape)[0])
+
+
 @dataclass
 class SimulationReport:
     """:func:`simulate` output: one :class:`~mocap_jax.wsc.metrics.ServingResult` per point plus timing."""
@@ -130,7 +226,7 @@ class SimulationReport:
     groups: int                # compiled programs
     wall_s: float
     compile_s: float
-    steps: list[int]           # scan steps of each slice
+    steps: list[int]           # scan steps run
     simulated_requests: int
 
     @property
@@ -142,25 +238,27 @@ RAW_FIELDS = ("ttft_t", "finish_t", "ready_t", "pinst", "dinst", "dropped")
 
 
 def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, batch_size: int | None = None,
-             chunk_steps: int = 512, keep_raw: bool = False) -> SimulationReport:
+             chunk_steps: int = 128, keep_raw: bool = False, shard: bool = True) -> SimulationReport:
     """Simulate many (setup, trace) design points with the array program.
 
     Every feasible point shares one static shape (requests padded to the largest trace's
     bucket :func:`~mocap_jax.wsc.serving_inputs.request_bucket`, smaller die grids with empty
-    dies), so the call compiles once; the points run with ``jit(vmap)`` in slices of
-    ``batch_size`` (similar amounts of work together: a slice runs until its slowest point is
-    done; the last slice is padded by repeating a point).  Infeasible set-ups become rows with
-    infinite latency and zero throughput.
+    dies), so the call compiles once.  The points run in a batch of ``batch_size`` lanes
+    (``jit(vmap)``, sharded over the local devices); every ``chunk_steps`` scan steps the
+    finished lanes take the next waiting points, longest first.  Infeasible set-ups become rows
+    with infinite latency and zero throughput.
 
     Args:
       points: ``[(setup, trace), ...]``.
       dtype: float dtype of the program (float64 needs ``jax_enable_x64``).
-      batch_size: points per ``vmap`` call (default: all points up to 48, else 32).
-      chunk_steps: scan length between host checks for completion.
+      batch_size: lanes (default: all points up to 32, rounded up to the device count).
+      chunk_steps: scan length between host checks for finished lanes.
       keep_raw: keep the raw per-request times in each result.
+      shard: split the lanes over the local devices when their number divides evenly.
     """
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
         raise SpecError("float64 needs jax_enable_x64: call jax.config.update('jax_enable_x64', True) first")
+    chunk_steps = checks.integer("chunk_steps", chunk_steps, 1)
     t0 = time.perf_counter()
     results: list[ServingResult | None] = [None] * len(points)
     idx = []
@@ -169,34 +267,33 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
             idx.append(k)
         else:
             results[k] = ServingResult(setup, trace, infeasible_metrics(trace))
-    compile_s, steps_all, simulated = 0.0, [], 0
+    compile_s, steps, simulated = 0.0, [], 0
     if idx:
         n_req = max(request_bucket(len(points[k][1])) for k in idx)
         shape = shape_for([points[k][0] for k in idx], n_req, points[idx[0]][0].config)
-        ndev = len(jax.local_devices())
-        idx = sorted(idx, key=lambda k: (len(points[k][1]), float(points[k][1].output_tokens.sum())
-                                         / max(points[k][0].n_decode, 1), k))
-        bs = (len(idx) if len(idx) <= 48 else 32) if batch_size is None else checks.integer("batch_size", batch_size)
-        bs = -(-bs // ndev) * ndev if bs >= ndev else bs  # whole multiple of the devices
-        for s in range(0, len(idx), bs):
-            sl = idx[s:s + bs]
-            padded = sl + [sl[-1]] * (bs - len(sl))
-            inp = stack_inputs([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in padded])
-            out = simulate_batch(inp, shape, chunk_steps=chunk_steps)
-            compile_s += out.compile_s
-            steps_all.append(out.steps)
-            for g, k in enumerate(sl):
+        work = lambda k: (len(points[k][1]) + float(points[k][1].output_tokens.sum()) / max(points[k][0].n_decode, 1))
+        idx = sorted(idx, key=lambda k: (-work(k), k))
+        ndev = len(jax.local_devices()) if shard else 1
+        width = min(len(idx), 32) if batch_size is None else checks.integer("batch_size", batch_size)
+        width = -(-width // ndev) * ndev if width >= ndev else width
+        pool = _LanePool([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in idx], shape, width,
+                         chunk_steps, shard)
+        compile_s = pool.compile_s
+        while pool.active():
+            for _, j, row in pool.run():
+                k = idx[j]
                 setup, trace = points[k]
                 n = len(trace)
-                rm = request_metrics(trace, out.ttft_t[g, :n], out.finish_t[g, :n], out.dropped[g, :n])
-                met = aggregate_metrics(trace, rm, setup, float(out.kv_area[g]), float(out.kv_peak[g]),
-                                        float(out.end_s[g]))
-                met.update(events=int(out.events[g]), leaped=int(out.leaped[g]), complete=bool(out.complete[g]))
-                raw = {f: getattr(out, f)[g, :n] for f in RAW_FIELDS} if keep_raw else None
+                rm = request_metrics(trace, row["ttft_t"][:n], row["finish_t"][:n], row["dropped"][:n])
+                met = aggregate_metrics(trace, rm, setup, float(row["kv_area"]), float(row["kv_peak"]),
+                                        float(row["end_s"]))
+                met.update(events=int(row["events"]), leaped=int(row["leaped"]), complete=row["complete"])
+                raw = {f: row[f][:n] for f in RAW_FIELDS} if keep_raw else None
                 results[k] = ServingResult(setup, trace, met, rm, raw)
                 simulated += n
+        steps = [pool.total_steps]
     return SimulationReport(results=results, groups=1 if idx else 0, wall_s=time.perf_counter() - t0,
-                            compile_s=compile_s, steps=steps_all, simulated_requests=simulated)
+                            compile_s=compile_s, steps=steps, simulated_requests=simulated)
 
 
 __all__ = ["BatchOutput", "simulate_batch", "SimulationReport", "simulate"]

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from ..costs import pytree
 from . import perf
 from . import traffic as tf
+from .arrays import first_true, leading_true, prefix_sum
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_state import ServingState
 
@@ -54,31 +55,33 @@ class DecodeOutcome:
     dram_demand: Array         # [D] demand of its running iteration (contention)
 
 
-def _remote_times(inp: ServingInputs, st: ServingState, q, context, growth, n, steps, sh: ServingShape, shares):
-    """Remote KV read time per block of ``steps`` consecutive iterations (and their link / DRAM bytes)."""
+def _table_remote_times(inp: ServingInputs, q, context, growth, steps):
+    """Remote KV read time per block of ``steps`` consecutive iterations, without contention (:func:`perf.remote_kv_time`)."""
     c = inp.cost
-    ft = context.dtype
-    j = jnp.arange(steps, dtype=ft)
+    j = jnp.arange(steps, dtype=context.dtype)
     tokens = context[None, :] + j[:, None] * growth[None, :]                     # [K+1, D]
     hops, inter = inp.layout.decode_die_hops[q], inp.layout.decode_die_internode[q]
-    if not sh.contention:
-        ingress = inp.layout.decode_ingress[q]
-        t = jax.vmap(lambda r: perf.remote_kv_time(
-            c.model, c.hw, c.decode_plan, perf.RemoteKV(tokens=r, hops=hops, internode=inter, ingress_links=ingress)))
-        return t(tokens), None, None
+    ingress = inp.layout.decode_ingress[q]
+    return jax.vmap(lambda r: perf.remote_kv_time(
+        c.model, c.hw, c.decode_plan, perf.RemoteKV(tokens=r, hops=hops, internode=inter, ingress_links=ingress)))(tokens)
+
+
+def _read_flows(inp: ServingInputs, q, context, growth, steps):
+    """Per-block bytes of the remote KV reads of ``steps`` iterations on every link ``[K+1, L]`` and DRAM
+    ``[K+1, D]``, and the farthest location's hop latency (the contention model)."""
+    c = inp.cost
+    j = jnp.arange(steps, dtype=context.dtype)
     per_token = c.model.kv_elements_per_token_layer * c.decode_plan.kv_read_amplification * c.hw.kv_bytes
-    routes = inp.traffic.read_routes[q]
-    link0, link1 = (context @ routes) * per_token, (growth @ routes) * per_token
-    link_bytes = link0[None, :] + j[:, None] * link1[None, :]                    # [K+1, L] per block
-    dram_bytes = tokens * per_token                                              # [K+1, D]
-    held = tokens[0] > 0
-    latency = jnp.max(jnp.where(held, jnp.maximum(hops * c.hw.link_latency_s, inter * c.hw.node_latency_s), 0.0),
-                      initial=0.0)
-    link_share, dram_share = shares
-    link_rate = inp.traffic.link_capacity * link_share
-    dram_rate = inp.traffic.dram_capacity * dram_share
-    t = jax.vmap(lambda lb, db: perf.remote_read_time(lb, link_rate, db, dram_rate, latency))(link_bytes, dram_bytes)
-    return t, link_bytes[0], dram_bytes[0]
+    links = inp.traffic.read_links[q]                                            # [D, H]
+    L = inp.traffic.link_capacity.shape[0]
+    on_links = lambda x: jnp.zeros(L, x.dtype).at[links].add(jnp.broadcast_to(x[:, None], links.shape), mode="drop")
+    link0, link1 = on_links(context) * per_token, on_links(growth) * per_token
+    link_bytes = link0[None, :] + j[:, None] * link1[None, :]
+    dram_bytes = (context[None, :] + j[:, None] * growth[None, :]) * per_token
+    hops, inter = inp.layout.decode_die_hops[q], inp.layout.decode_die_internode[q]
+    latency = jnp.max(jnp.where(context > 0, jnp.maximum(hops * c.hw.link_latency_s, inter * c.hw.node_latency_s),
+                                0.0), initial=0.0)
+    return link_bytes, dram_bytes, latency
 
 
 def _iterations(inp, st, q, n, context, remote_context, growth, t_start, sh: ServingShape):
@@ -96,28 +99,34 @@ def _iterations(inp, st, q, n, context, remote_context, growth, t_start, sh: Ser
                                                                           tok, rem))(tokens, ctx, local, remote)
 
     if not sh.contention:
-        remote = _remote_times(inp, st, q, remote_context, growth, n, steps, sh, None)[0] if sh.remote \
-            else jnp.zeros(steps, ft)
+        remote = _table_remote_times(inp, q, remote_context, growth, steps) if sh.remote else jnp.zeros(steps, ft)
         return durations(c.hw, remote), None, None
     tr = inp.traffic
-    one_l, one_d = jnp.ones_like(tr.link_capacity), jnp.ones_like(tr.dram_capacity)
-    remote_iso, link_rb, dram_rb = _remote_times(inp, st, q, remote_context, growth, n, steps, sh, (one_l, one_d)) \
-        if sh.remote else (jnp.zeros(steps, ft), jnp.zeros_like(tr.link_capacity), jnp.zeros_like(tr.dram_capacity))
-    alone = durations(c.hw, remote_iso)[0]
+    if sh.remote:
+        link_rb, dram_rb, latency = _read_flows(inp, q, remote_context, growth, steps)
+        remote_alone = perf.remote_read_time(link_rb[0], tr.link_capacity, dram_rb[0], tr.dram_capacity, latency)
+    else:
+        link_rb, dram_rb = jnp.zeros((steps,) + tr.link_capacity.shape, ft), jnp.zeros((steps,) + tr.dram_capacity.shape, ft)
+        remote_alone = jnp.zeros((), ft)
+    alone = perf.iteration_time(c.model, c.hw, c.decode_plan, n, ctx[0], local[0], n, remote_alone)
     dram_own, ring, group = perf.iteration_traffic(c.model, c.hw, c.decode_plan, n, local[0], n)
     layers = c.model.layers.astype(ft)
     own = tr.decode_own[q]
     uses = tr.decode_ring[q] + tr.decode_group[q]
-    link_demand = (tf.ring_link_bytes(ring, group, tr.decode_ring[q], tr.decode_group[q]) + layers * link_rb) / alone
-    dram_demand = (dram_own * own + layers * dram_rb * (1.0 - own)) / alone
+    safe = jnp.maximum(alone, 1e-30)
+    link_demand = (tf.ring_link_bytes(ring, group, tr.decode_ring[q], tr.decode_group[q]) + layers * link_rb[0]) / safe
+    dram_demand = (dram_own * own + layers * dram_rb[0] * (1.0 - own)) / safe
     link_bg, dram_bg = tf.background(st.traffic, t_start)
     link_bg = link_bg - st.traffic.decode_link[q]
     dram_bg = dram_bg - st.traffic.decode_dram[q]
     own_dram, collective, link_share, dram_share = tf.iteration_shares(inp, link_demand, dram_demand,
                                                                        jnp.maximum(link_bg, 0.0),
                                                                        jnp.maximum(dram_bg, 0.0), own, uses)
-    remote = _remote_times(inp, st, q, remote_context, growth, n, steps, sh, (link_share, dram_share))[0] \
-        if sh.remote else jnp.zeros(steps, ft)
+    if sh.remote:
+        link_rate, dram_rate = tr.link_capacity * link_share, tr.dram_capacity * dram_share
+        remote = jax.vmap(lambda lb, db: perf.remote_read_time(lb, link_rate, db, dram_rate, latency))(link_rb, dram_rb)
+    else:
+        remote = jnp.zeros(steps, ft)
     return durations(tf.shared_hardware(c.hw, own_dram, collective), remote), link_demand, dram_demand
 
 
@@ -144,10 +153,10 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
         rt = rt + jnp.where(ended, 1.0, 0.0).astype(ft) * fr
     # finishes (at most A this step)
     fin_all = act & (gen >= out)
-    fin = fin_all & (jnp.cumsum(fin_all.astype(i32)) - 1 < A) & do
-    more_fin = jnp.sum(fin_all, dtype=i32) > A
-    fslot = jnp.nonzero(fin, size=A, fill_value=B)[0]
+    fslot = first_true(fin_all & do, A, B)                                          # the first A finishes
     fvalid = fslot < B
+    fin = jnp.zeros(B, bool).at[fslot].set(True, mode="drop")
+    more_fin = jnp.sum(fin_all, dtype=i32) > A
     fs = jnp.clip(fslot, 0, B - 1)
     freq = jnp.where(fvalid, sr[fs], N)
     fneed = jnp.where(fvalid, (prompt[fs] + out[fs]) * c.kv_bytes_per_token, 0.0)
@@ -167,12 +176,12 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
     valid = pos < tail
     cand = dec.queue[q, jnp.clip(pos, 0, N - 1)]
     cready = jnp.where(valid, st.requests.ready_t[jnp.where(valid, cand, 0)], inf)
-    n_ready = jnp.sum(jnp.cumprod((cready <= t).astype(i32)), dtype=i32)
+    n_ready = leading_true(cready <= t)
     admit_now = do & ~more_fin
     n_adm = jnp.where(admit_now, jnp.minimum(jnp.minimum(n_ready, room), A), 0)
     more_adm = admit_now & (n_ready > A) & (room > A)
     empty = ~act2
-    rank = jnp.cumsum(empty.astype(i32)) - 1
+    rank = prefix_sum(empty.astype(i32)) - 1
     take = empty & (rank < n_adm)
     jn = jnp.arange(A + 1) < n_adm
     jreq = jnp.where(jn, cand, 0)
@@ -202,7 +211,7 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
     ends = t + jnp.cumsum(dts)
     jj = jnp.arange(1, K + 1, dtype=ft)
     quiet = (jj < r_min) & ~(join_possible & (h_ready <= ends[:K]))
-    k = jnp.where(cont, 0, jnp.sum(jnp.cumprod(quiet.astype(i32)), dtype=i32))
+    k = jnp.where(cont, 0, leading_true(quiet))
     nxt = jnp.where(cont, t, jnp.where(n > 0, ends[k], h_ready))
     kf = k.astype(ft)
     gen_out = new_gen + jnp.where(act3, kf, 0.0)

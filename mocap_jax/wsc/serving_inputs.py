@@ -44,6 +44,7 @@ class ServingShape:
       arrivals: arrivals processed per scan step (no effect on results).
       transfers: in-flight KV transfers whose link demand is tracked (contention; the oldest is
         forgotten when more are in flight).
+      route_length: H, most links on a remote-read route (contention).
     """
 
     requests: int
@@ -58,7 +59,8 @@ class ServingShape:
     admit: int = 8
     decode_parallel: int = 4
     arrivals: int = 4
-    transfers: int = 16
+    transfers: int = 8
+    route_length: int = 1
 
 
 @pytree
@@ -107,7 +109,7 @@ class TrafficInputs:
     prefill_own: Array          # [P, D] 1.0 on the prefill instance's dies
     decode_own: Array           # [Q, D] 1.0 on the decode instance's dies
     transfer_routes: Array      # [P, D, L] share of the bytes bound for die d crossing link l
-    read_routes: Array          # [Q, D, L] 1 where the route from die d to the decode instance crosses l
+    read_links: Array           # [Q, D, H] int32 links of the route from die d to the decode instance (L: none)
 
 
 @pytree
@@ -159,7 +161,9 @@ def shape_for(setups: Sequence[ServingSetup], requests: int, config: ServingConf
     return ServingShape(requests=int(requests), dies=max(s.dies for s in ok),
                         prefill=_bucket(max(s.n_prefill for s in ok), 1), decode=_bucket(max(s.n_decode for s in ok), 1),
                         slots=_bucket(max(s.batch_cap for s in ok)), window=config.window, leap=config.leap,
-                        remote=any(s.remote for s in ok), contention=any(s.config.contention != "off" for s in ok))
+                        remote=any(s.remote for s in ok), contention=any(s.config.contention != "off" for s in ok),
+                        route_length=max([int(s.traffic.read_routes.sum(axis=-1).max()) for s in ok
+                                          if s.traffic is not None] + [1]))
 
 
 def _pad(x, shape, fill, dtype):
@@ -182,7 +186,7 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
         one = np.zeros((1,), dtype)
         return TrafficInputs(rule=f(0), link_capacity=one, dram_capacity=one, prefill_ring=one, prefill_group=one,
                              decode_ring=one, decode_group=one, prefill_own=one, decode_own=one, transfer_routes=one,
-                             read_routes=one)
+                             read_links=np.zeros((1,), np.int32))
     if setup.traffic is None:
         raise SpecError(f"{setup.label}: set up without contention tables; use one contention setting per program")
     P, Q, D = shape.prefill, shape.decode, shape.dies
@@ -201,7 +205,19 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
         decode_group=_pad(_pad_links(t.decode_group, D, dtype), (Q, 4 * D), 0, dtype),
         prefill_own=_pad(setup.p_die_own.astype(float), (P, D), 0, dtype), decode_own=_pad(own_q, (Q, D), 0, dtype),
         transfer_routes=_pad(_pad_links(per_die, D, dtype), (P, D, 4 * D), 0, dtype),
-        read_routes=_pad(_pad_links(t.read_routes, D, dtype), (Q, D, 4 * D), 0, dtype))
+        read_links=_route_links(_pad_links(t.read_routes, D, np.int64), (Q, D), shape.route_length))
+
+
+def _route_links(routes: np.ndarray, shape, length: int) -> np.ndarray:
+    """``[.., L]`` 0/1 route rows -> ``[*shape, length]`` link indices, padded with ``L`` (no link)."""
+    L = routes.shape[-1]
+    out = np.full(tuple(shape) + (length,), L, np.int32)
+    for idx in np.ndindex(routes.shape[:-1]):
+        links = np.flatnonzero(routes[idx])
+        if links.size > length:
+            raise SpecError(f"a route crosses {links.size} links but the program holds {length}")
+        out[idx][:links.size] = links
+    return out
 
 
 def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jnp.float32) -> ServingInputs:

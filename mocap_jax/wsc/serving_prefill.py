@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from . import perf
 from . import traffic as tf
+from .arrays import leading_true
 from .memory import greedy_allocate_pairwise
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_state import ServingState
@@ -130,9 +131,10 @@ def prefill_event(inp: ServingInputs, st: ServingState, p, t, do, sh: ServingSha
     pend0 = pre.pending[p] + ncomp
     prog = jnp.where(busy, pre.next_progress[p], pre.progress[p])
     if sh.contention:  # the iteration that ended no longer loads the links
-        st = dataclasses.replace(st, traffic=dataclasses.replace(
-            st.traffic, prefill_link=st.traffic.prefill_link.at[jnp.where(do, p, sh.prefill)].set(0.0, mode="drop"),
-            prefill_dram=st.traffic.prefill_dram.at[jnp.where(do, p, sh.prefill)].set(0.0, mode="drop")))
+        zeros = lambda x: jnp.zeros_like(x[0])
+        st = dataclasses.replace(st, traffic=tf.set_instance_demand(
+            st.traffic, "prefill", jnp.where(do, p, sh.prefill), zeros(st.traffic.prefill_link),
+            zeros(st.traffic.prefill_dram)))
     # 2. placement of prefilled requests
     free, load, d_tail, head, pend, rec, tr = _place_loop(inp, st, p, t, do, pend0, sh)
     placed = rec["kind"] == 1
@@ -162,7 +164,7 @@ def prefill_event(inp: ServingInputs, st: ServingState, p, t, do, sh: ServingSha
     rem = jnp.where(valid, req.prompt[ids] - done, 0.0)
     chunk = jnp.clip(c.chunk_tokens - (jnp.cumsum(rem) - rem), 0.0, rem)
     last = valid & (rem > 0) & (chunk >= rem)
-    n_new = jnp.sum(jnp.cumprod(last.astype(jnp.int32)), dtype=jnp.int32)
+    n_new = leading_true(last)
     nxt_chunk = chunk[jnp.clip(n_new, 0, W - 1)]
     nprog = jnp.where(n_new < W, jnp.where(n_new == 0, prog, 0.0) + nxt_chunk, 0.0)
     start = (pend == 0) & jnp.any(valid)
@@ -235,9 +237,7 @@ def _iteration(inp: ServingInputs, tr, p, tokens, pairs, kv_read, head_tokens, t
                                                      x.prefill_ring[p] + x.prefill_group[p])
     hw = tf.shared_hardware(c.hw, own_dram, collective)
     dt = perf.iteration_time(c.model, hw, c.prefill_plan, tokens, pairs, kv_read, head_tokens, 0.0)
-    sel = jnp.where(starts, p, sh.prefill)
-    tr = dataclasses.replace(tr, prefill_link=tr.prefill_link.at[sel].set(link_demand, mode="drop"),
-                             prefill_dram=tr.prefill_dram.at[sel].set(dram_demand, mode="drop"))
+    tr = tf.set_instance_demand(tr, "prefill", jnp.where(starts, p, sh.prefill), link_demand, dram_demand)
     return dt, tr
 
 

@@ -76,6 +76,8 @@ class TrafficState:
     prefill_dram: Array        # [P, D]
     decode_link: Array         # [Q, L] demand of each decode instance's running iteration(s)
     decode_dram: Array         # [Q, D]
+    instance_link: Array       # [L] sum of the instances' rows above
+    instance_dram: Array       # [D]
     transfer_link: Array       # [M, L] demand of recent KV transfers
     transfer_end: Array        # [M] s, when each of them ends
     transfer_next: Array       # [] int32, slot the next transfer takes
@@ -127,7 +129,8 @@ def initial_state(inp: ServingInputs, sh: ServingShape) -> ServingState:
                            slot_request=jnp.full((Q, B), -1, jnp.int32), slot_generated=zf(Q, B),
                            slot_prompt=zf(Q, B), slot_output=zf(Q, B)),
         traffic=TrafficState(prefill_link=zf(P, L), prefill_dram=zf(P, Dt), decode_link=zf(Q, L),
-                             decode_dram=zf(Q, Dt), transfer_link=zf(M, L), transfer_end=zf(M), transfer_next=zi()),
+                             decode_dram=zf(Q, Dt), instance_link=zf(L), instance_dram=zf(Dt), transfer_link=zf(M, L),
+                             transfer_end=zf(M), transfer_next=zi()),
         totals=Totals(free=inp.layout.free0, kv_area=zf(), kv_peak=zf(),
                       last_t=inp.requests.arrival[0], events=zi(), leaped=zi(), overflow=jnp.zeros((), bool)),
     )

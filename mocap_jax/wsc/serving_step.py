@@ -24,6 +24,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from . import traffic as tf
 from .serving_decode import DecodeOutcome, decode_boundary
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_prefill import arrivals, prefill_event
@@ -53,8 +54,7 @@ def _apply_decode(st: ServingState, out: DecodeOutcome, times, sh: ServingShape)
         events=tot.events + jnp.sum(done, dtype=jnp.int32), leaped=tot.leaped + jnp.sum(out.leaped, dtype=jnp.int32),
         last_t=jnp.maximum(tot.last_t, jnp.max(jnp.where(done, times, -jnp.inf))))
     if sh.contention:
-        tr = dataclasses.replace(tr, decode_link=rows(tr.decode_link, out.link_demand),
-                                 decode_dram=rows(tr.decode_dram, out.dram_demand))
+        tr = tf.set_instance_demand(tr, "decode", q, out.link_demand, out.dram_demand)
     return dataclasses.replace(st, decode=dec, requests=rs, totals=tot, traffic=tr)
 
 

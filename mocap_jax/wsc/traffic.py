@@ -52,9 +52,27 @@ def share(demand, others, capacity, rule):
 def background(tr: TrafficState, t):
     """Demand of every stream in flight at ``t``: (links ``[L]``, DRAM ``[D]``), bytes/s."""
     live = (tr.transfer_end > t).astype(tr.transfer_link.dtype)
-    link = jnp.sum(tr.prefill_link, axis=0) + jnp.sum(tr.decode_link, axis=0) + live @ tr.transfer_link
-    dram = jnp.sum(tr.prefill_dram, axis=0) + jnp.sum(tr.decode_dram, axis=0)
-    return link, dram
+    return tr.instance_link + live @ tr.transfer_link, tr.instance_dram
+
+
+def set_instance_demand(tr: TrafficState, kind: str, index, link, dram) -> TrafficState:
+    """Replace the demand row of prefill or decode instance(s) ``index`` (out of range: no change), keeping the totals.
+
+    ``index`` is a scalar or ``[R]`` distinct indices with rows ``link [.., L]`` and ``dram [.., D]``.
+    """
+    links, drams = getattr(tr, f"{kind}_link"), getattr(tr, f"{kind}_dram")
+    valid = (index >= 0) & (index < links.shape[0])
+    safe = jnp.clip(index, 0, links.shape[0] - 1)
+    keep = lambda new, old: jnp.where(jnp.expand_dims(valid, -1), new, old)
+    old_l, old_d = links[safe], drams[safe]
+    new_l, new_d = keep(link, old_l), keep(dram, old_d)
+    delta_l, delta_d = new_l - old_l, new_d - old_d
+    if jnp.ndim(index):
+        delta_l, delta_d = jnp.sum(delta_l, axis=0), jnp.sum(delta_d, axis=0)
+    return dataclasses.replace(
+        tr, instance_link=jnp.maximum(tr.instance_link + delta_l, 0.0),
+        instance_dram=jnp.maximum(tr.instance_dram + delta_d, 0.0),
+        **{f"{kind}_link": links.at[index].set(link, mode="drop"), f"{kind}_dram": drams.at[index].set(dram, mode="drop")})
 
 
 def iteration_shares(inp: ServingInputs, link_demand, dram_demand, link_others, dram_others, own, ring_uses):
@@ -89,14 +107,16 @@ def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, 
     pace and the last link to finish sets the time.
     """
     cap, rule = inp.traffic.link_capacity, inp.traffic.rule
-    lasting = jnp.sum(tr.prefill_link, axis=0) + jnp.sum(tr.decode_link, axis=0)
-    ends = jnp.sort(jnp.maximum(tr.transfer_end, t))                               # [M]
+    order = jnp.argsort(tr.transfer_end)
+    ends = jnp.maximum(tr.transfer_end[order], t)                                    # [M] ascending
     starts = jnp.concatenate([jnp.reshape(t, (1,)), ends])                          # [M+1] segment starts
     length = jnp.concatenate([ends - starts[:-1], jnp.full((1,), jnp.inf, ends.dtype)])
-    live = (tr.transfer_end[None, :] > starts[:, None]).astype(tr.transfer_link.dtype)   # [M+1, M]
-    rate = cap[None, :] * share(demand[None, :], lasting[None, :] + live @ tr.transfer_link, cap[None, :], rule)
-    done_before = jnp.cumsum(jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0), axis=0) \
-        - jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0)       # bytes done before segment j
+    # in segment j the transfers ending after its start are live: a suffix of the sorted order
+    rows = jnp.where((tr.transfer_end[order] > t)[:, None], tr.transfer_link[order], 0.0)
+    live = jnp.concatenate([jnp.cumsum(rows[::-1], axis=0)[::-1], jnp.zeros_like(rows[:1])])   # [M+1, L]
+    rate = cap[None, :] * share(demand[None, :], tr.instance_link[None, :] + live, cap[None, :], rule)
+    moved = jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0)
+    done_before = jnp.cumsum(moved, axis=0) - moved                                          # bytes done before segment j
     reached = (done_before + rate * length[:, None]) >= link_bytes[None, :]
     j = jnp.argmax(reached, axis=0)                                                  # first segment that finishes
     pick = lambda x: jnp.take_along_axis(x, j[None, :], axis=0)[0]
@@ -125,5 +145,5 @@ def transfer_start(inp: ServingInputs, tr: TrafficState, p, outbound, latency, t
     return seconds, tr
 
 
-__all__ = ["MAX_MIN", "PROPORTIONAL", "share", "background", "iteration_shares", "shared_hardware",
+__all__ = ["MAX_MIN", "PROPORTIONAL", "share", "background", "set_instance_demand", "iteration_shares", "shared_hardware",
            "ring_link_bytes", "transfer_start"]
