@@ -1,6 +1,8 @@
-"""The command line: JSON fields, readable output, bad input -> one message and exit code 2."""
+"""The command line: JSON fields, readable output, and a table of bad inputs -> exit 2, one message line,
+no traceback (every case an adversarial user found is a regression case here)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,7 +12,10 @@ from mocap_jax.cli import main
 
 
 def run(args, capsys):
-    code = main(args)
+    try:
+        code = main(args)
+    except SystemExit as e:            # argparse's own errors
+        code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -26,45 +31,120 @@ def test_simulate_json_fields(capsys):
     assert d["feasible"] is True and d["batch"] == 2
 
 
-def test_simulate_readable_and_gpipe(capsys):
+def test_simulate_readable_gpipe_auto_batch_and_tp(capsys):
     code, out, _ = run(["simulate", "--scheme", "gpipe", "--seq-len", "8192", "--batch", "4"], capsys)
     assert code == 0 and "prefill latency" in out and "4 microbatches" in out
-
-
-def test_simulate_auto_batch(capsys):
     code, out, _ = run(["simulate", "--seq-len", "131072", "--batch", "auto", "--json"], capsys)
     assert code == 0 and json.loads(out)["batch"] > 1
+    code, out, _ = run(["simulate", "--hardware", "h100-x8", "--seq-len", "8192", "--tp", "4", "--chunks", "4",
+                        "--json"], capsys)
+    assert code == 0 and json.loads(out)["stages"] == 2
 
 
-def test_max_seq_json(capsys):
-    code, out, _ = run(["max-seq", "--scheme", "terapipe", "--chunks", "16", "--granularity", "1024", "--json"], capsys)
+def test_max_seq_and_lists(capsys):
+    code, out, _ = run(["max-seq", "--scheme", "terapipe", "--chunks", "16", "--granularity", "65536", "--json"],
+                       capsys)
     assert code == 0 and json.loads(out)["max_seq_len"] > 1_000_000
-
-
-def test_models_and_hardware_lists(capsys):
     code, out, _ = run(["models"], capsys)
     assert code == 0 and "qwen3-235b-a22b" in out and "70.55" in out
     code, out, _ = run(["hardware"], capsys)
     assert code == 0 and "mocap-4x4" in out and "a100-x8" in out
 
 
-@pytest.mark.parametrize("args,fragment", [
+def _file(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+BAD = [
+    # unknown names and impossible combinations
     (["simulate", "--model", "llama3-7b"], "Did you mean"),
     (["simulate", "--hardware", "wafer9"], "unknown hardware"),
     (["simulate", "--seq-len", "10", "--chunks", "20"], "chunks need at least"),
     (["simulate", "--seq-len", "100", "--partition", "10,20"], "sums to 30"),
+    (["simulate", "--seq-len", "100", "--partition", "50,0,50"], "partition"),
     (["simulate", "--model", "llama3.1-405b", "--hardware", "mocap-2x2"], "does not fit"),
     (["simulate", "--model", "/nonexistent/spec.json"], "cannot read spec file"),
+    (["simulate", "--scheme", "lbcp", "--tp", "2", "--hardware", "h100-x8"], "single-die"),
+    # counts: signs, fractions, overflow
     (["simulate", "--seq-len", "-5"], "positive integer"),
     (["simulate", "--seq-len", "1.5"], "positive integer"),
-])
-def test_bad_input_exit_2_one_message(args, fragment, capsys):
-    with pytest.raises(SystemExit) as e:  # argparse type errors exit 2 themselves
-        code = main(args)
-        raise SystemExit(code)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
+    (["simulate", "--seq-len", "1e30"], "too large"),
+    (["simulate", "--seq-len", "1099511627776"], "largest value"),
+    (["simulate", "--model", "llama3.1-8b", "--hardware", "mocap-2x2", "--seq-len", "4096", "--chunks", "4",
+      "--batch", "1000000000000"], "largest value"),
+    (["simulate", "--batch", "0"], "positive integer"),
+    (["max-seq", "--max-seq-len", "4611686018427387904"], "largest value"),
+    (["partition", "--batch", "0"], "positive integer"),
+    (["simulate", "--tp", "3", "--hardware", "h100-x8"], "does not divide"),
+    # thresholds and floats
+    (["simulate", "--scheme", "mbkr", "--p1", "0.9", "--p2", "0.5"], "p1 <= p2"),
+    (["simulate", "--scheme", "mbkr", "--p2", "nan"], "finite"),
+    (["placement", "--pair-weight", "nan"], "finite"),
+    (["compare", "--load", "0"], "load"),
+    (["compare", "--load", "-1"], "load"),
+    # meshes too large to represent
+    (["simulate", "--hardware", "mocap-1000x1000", "--stages", "8"], "4,096 dies"),
+    (["placement", "--hardware", "mocap-100x100", "--stages", "16"], "4,096 dies"),
+]
+
+
+@pytest.mark.parametrize("args,fragment", BAD)
+def test_bad_input_exits_2_with_one_line(args, fragment, capsys):
+    code, _, err = run(args, capsys)
+    assert code == 2, err
     assert fragment in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+SPEC_FILES = [
+    ("list.json", "[1, 2, 3]", "one table"),
+    ("number.json", "42", "one table"),
+    ("string.json", '"llama"', "one table"),
+    ("null.json", "null", "one table"),
+    ("deep.json", "[" * 5000 + "]" * 5000, "nests too deeply"),
+    ("nan_latency.toml", 'name = "w"\nlink_latency_s = nan\n', "finite"),
+    ("inf_overhead.toml", 'name = "w"\nlayer_overhead_s = inf\n', "finite"),
+    ("huge_flops.toml", 'name = "w"\npeak_flops = 1e308\n', "largest accepted"),
+    ("bool_eff.toml", 'name = "w"\neff_gemm = true\n', "number"),
+    ("huge_int.json", '{"name": "w", "rows": ' + "9" * 400 + "}", "largest value"),
+]
+
+
+@pytest.mark.parametrize("name,text,fragment", SPEC_FILES)
+def test_bad_hardware_files(tmp_path, capsys, name, text, fragment):
+    code, _, err = run(["simulate", "--hardware", _file(tmp_path, name, text)], capsys)
+    assert code == 2 and fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('layers = 4\nhidden = 64\nffn = 128\nq_heads = 2\nkv_heads = 2\nhead_dim = 32\nvocab = 10\n'
+     'tied_embeddings = "no"\n', "true or false"),
+    ('layers = 4\nhidden = 64\nffn = 128\nq_heads = 2\nkv_heads = 2\nhead_dim = 32\nvocab = 10\n'
+     'experts = 4\nexperts_active = 1\ndense_ffn = -3\n', "dense_ffn"),
+    ('layers = 4\nhidden = 64\nffn = 128\nq_heads = 2\nkv_heads = 2\nhead_dim = 32\nvocab = 10\n'
+     'shared_experts = -1\n', "shared_experts"),
+])
+def test_bad_model_files(tmp_path, capsys, text, fragment):
+    code, _, err = run(["simulate", "--model", _file(tmp_path, "m.toml", text)], capsys)
+    assert code == 2 and fragment in err and "Traceback" not in err, err
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, capsys):
+    a_file = _file(tmp_path, "file.txt", "x")
+    for args in (["reproduce", "--results", a_file], ["reproduce", "--results", os.path.join(a_file, "sub")]):
+        code, _, err = run(args, capsys)
+        assert code == 2 and "file" in err and "Traceback" not in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if not os.access(locked, os.W_OK):      # root ignores permission bits
+            code, _, err = run(["reproduce", "--results", str(locked / "r")], capsys)
+            assert code == 2 and "not writable" in err
+    finally:
+        os.chmod(locked, 0o700)
 
 
 def test_module_entry_point_bad_input_has_no_traceback(tmp_path):
@@ -76,14 +156,7 @@ def test_module_entry_point_bad_input_has_no_traceback(tmp_path):
     assert "not valid TOML" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_bench_anneal_small_json(capsys):
-    """The annealing benchmark's command at a toy size: its JSON fields, a batch the uniform partition
-    fits (found by the bisection), and an annealed objective no worse than the uniform one."""
-    code, out, _ = run(["bench", "anneal", "--model", "llama3.1-8b", "--hardware", "mocap-2x4", "--seq-len", "8192",
-                        "--chunks", "4", "--granularity", "512", "--chains", "16", "--steps", "4", "--json"], capsys)
-    assert code == 0
+def test_placement_on_a_large_mesh_answers_quickly(capsys):
+    code, out, _ = run(["placement", "--hardware", "mocap-60x60", "--stages", "16", "--json"], capsys)
     d = json.loads(out)
-    for key in ("total_s", "steps_per_s", "compile_s", "placement_s", "batch_search_s", "anneal_s", "batch"):
-        assert key in d
-    assert d["batch"] >= 1 and d["steps_per_s"] > 0
-    assert d["best_objective_s"] <= d["uniform_objective_s"] < float("inf")
+    assert code == 0 and len(d["placement"]) == 16 and d["searched"]["cost"] <= d["snake"]["cost"]

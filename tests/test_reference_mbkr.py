@@ -1,11 +1,8 @@
-"""MBKR in the event-driven reference (mocap_jax.validation.reference_mbkr), and the array program's
-approximation error against it (docs/semantics.md "MBKR"; DESIGN §6, §9).
+"""MBKR in the event-driven reference, on hand-computed cases and invariants, and the array program's
+MBKR against it (its approximation targets).
 
-Self-checks of the reference: KV conservation at every KV event, no spill beyond the partner's
-room, no-spill MBKR identical to the reference TeraPipe, item durations that add up, a tiny spill
-case checked by hand; then a differential run of random MBKR configurations through
-``mocap_jax.simulate_batch`` and the reference, held to the approximation targets (mean <= 1%,
-max <= 5% relative error of latency and per-stage peak memory).
+Hand cases use two stages of Llama-3.1-8B (16 layers each) on dies 0 and 1 of a 2x2 mesh, with the
+die's HBM sized so that a chosen item overflows by a chosen amount.
 """
 
 from __future__ import annotations
@@ -15,292 +12,307 @@ import math
 import numpy as np
 import pytest
 
-from mocap_jax import costs
-from mocap_jax.specs import ModelSpec, get_hardware, mocap_wafer
-from mocap_jax.validation.agreement import (MBKR_TARGET_MAX, MBKR_TARGET_MEAN, run_mbkr_agreement,
-                                            sample_mbkr_configs)
-from mocap_jax.validation.reference import reference_simulate
-from mocap_jax.validation.reference_mbkr import static_partners
+from mocap_jax.specs import get_hardware, get_model
+from mocap_jax.validation.agreement import AgreementConfig, reference
+from mocap_jax.validation.agreement_mbkr import TARGET_MAX, TARGET_MEAN, run_mbkr_agreement, vectorised_group
+from mocap_jax.validation.reference import reference_simulate, static_partners
+from mocap_jax.validation.reference.spill import MBKRSettings, decide, dynamic_matches, room
 
-# Spilling configurations (llama3-70b on 8 dies, ~2.6M request-tokens per batch), one per pairing.
-SPILL = dict(seq_len=330_000, chunks=8, batch=8, num_batches=2)
-PL_2X4 = [0, 1, 2, 3, 7, 6, 5, 4]
-
-
-def _spilling(pairing, release="stage", admission="streaming", **kw):
-    args = dict(SPILL, release=release, admission=admission, pairing=pairing, placement=PL_2X4)
-    args.update(kw)
-    return reference_simulate("llama3-70b", "mocap-2x4", scheme="mbkr", **args)
+MODEL = get_model("llama3.1-8b")
+BASE = get_hardware("mocap-2x2")
+PAIR = [0, 1]
 
 
-# --------------------------------------------------------------------------- self-checks
+def _sized(usable: float):
+    """The base die with ``usable`` bytes of usable HBM."""
+    return BASE.replace(name=f"sized-{usable:.0f}", hbm_capacity=usable / BASE.usable_hbm_fraction)
 
 
-@pytest.mark.parametrize("pairing, release, admission", [
-    ("cross-half", "stage", "streaming"), ("cross-half", "request", "synchronous"),
-    ("head-to-tail", "request", "streaming"), ("dynamic", "stage", "streaming"),
-    ("dynamic", "request", "synchronous")])
-def test_kv_is_conserved_at_every_event_and_spills_fit_the_partner(pairing, release, admission):
-    r = _spilling(pairing, release, admission, p1=0.1, p2=0.7)
-    assert r.spilled_bytes > 0, "the case must spill"
-    audit = r.kv_audit
-    held, added, released = audit[:, 1], audit[:, 2], audit[:, 3]
-    np.testing.assert_allclose(held, added - released, rtol=1e-12, atol=1.0)
-    assert np.all(np.diff(audit[:, 0]) >= 0), "KV events in time order"
-    assert held[-1] == pytest.approx(0.0, abs=1.0), "every request's KV is freed in the end"
-    cap = r.kv_budget_bytes_per_stage
-    for d in r.decisions:
-        assert d["kept"] + d["moved"] == pytest.approx(d["bytes"], rel=1e-12)
-        assert 0.0 <= d["moved"] <= max(d["room"], 0.0) * (1 + 1e-12)
-        if d["moved"] > 0:
-            b = d["partner"]
-            # the partner was a creditor and stays at or below p2 of its budget
-            assert r.p1 * cap[b] <= d["partner_local_before"] < r.p2 * cap[b]
-            assert d["partner_local_before"] + d["moved"] <= r.p2 * cap[b] * (1 + 1e-12)
-        # the rule: keep what fits below p2 of the budget, move the excess up to the partner's room
-        keep0 = min(max(r.p2 * cap[d["stage"]] - d["local_before"], 0.0), d["bytes"])
-        assert d["moved"] == pytest.approx(min(d["bytes"] - keep0, d["room"]), rel=1e-12, abs=1e-3)
-    # the ledgers' peaks are their largest level
-    for s, tl in enumerate(r.kv_timeline):
-        assert r.kv_peak_bytes_per_stage[s] == tl[:, 1].max()
+def _plain(partition, batch=1):
+    return reference_simulate(MODEL, BASE, sum(partition), partition=partition, batch=batch, num_batches=1,
+                              placement=PAIR)
 
 
-@pytest.mark.parametrize("pairing", ["cross-half", "dynamic"])
-def test_item_durations_add_up_and_stages_serve_in_order(pairing):
-    r = _spilling(pairing, p2=0.7)
-    assert r.spilled_bytes > 0 and r.blocking_s > 0
-    dur = r.finish_times - r.start_times
-    parts = r.stage_times + r.read_extra_s + r.write_s + r.migrate_s_items + r.blocked_s
-    np.testing.assert_allclose(dur, parts, rtol=1e-9, atol=1e-12)
-    # a stage starts an item only after the previous one and the hand-off of this one
-    K, N = r.finish_times.shape
-    assert np.all(r.start_times[1:] >= r.finish_times[:-1] - 1e-12)
-    assert np.all(r.start_times[:, 1:] >= r.finish_times[:, :-1] + r.handoff_times[:, :-1] - 1e-12)
-    # every second of read serving lands on an item or on an idle stage
-    np.testing.assert_allclose(r.blocked_s.sum(axis=0) + r.idle_blocking_s, r.blocking_s_per_stage, rtol=1e-12)
-    # reads: every later chunk of a group reads what its group spilled before it
-    moved = np.zeros((K, N))
-    for d in r.decisions:
-        moved[d["item"], d["stage"]] = d["moved"]
-    for it in r.items:
-        earlier = [q for q in range(it.index) if r.items[q].group == it.group]
-        np.testing.assert_allclose(r.read_bytes[it.index], moved[earlier].sum(axis=0), rtol=1e-12)
-    # serving time = read bytes / effective HBM bandwidth
-    hw = get_hardware("mocap-2x4")
-    assert r.blocking_s == pytest.approx(r.read_bytes.sum() / (hw.hbm_bandwidth * hw.eff_hbm), rel=1e-12)
+def _link(nbytes, sharers=1):
+    """One hop between dies 0 and 1 at the link's bandwidth divided among ``sharers`` routes."""
+    return BASE.link_latency_s + nbytes / (BASE.link_bandwidth / sharers * BASE.eff_link)
 
 
-@pytest.mark.parametrize("pairing", ["cross-half", "head-to-tail", "dynamic", "none"])
-@pytest.mark.parametrize("release, admission", [("stage", "streaming"), ("request", "synchronous")])
-def test_no_spill_mbkr_equals_reference_terapipe_exactly(pairing, release, admission):
-    kw = dict(chunks=6, batch=2, num_batches=2, release=release, admission=admission, placement=PL_2X4)
-    t = reference_simulate("llama3-70b", "mocap-2x4", 65536, "terapipe", **kw)
-    m = reference_simulate("llama3-70b", "mocap-2x4", 65536, "mbkr", pairing=pairing, **kw)
-    assert m.spilled_bytes == 0 and m.blocking_s == 0 and m.migrate_s == 0
-    np.testing.assert_array_equal(m.finish_times, t.finish_times)
-    np.testing.assert_array_equal(m.start_times, t.start_times)
-    np.testing.assert_array_equal(m.kv_peak_bytes_per_stage, t.kv_peak_bytes_per_stage)
-    np.testing.assert_array_equal(m.peak_mem_bytes_per_stage, t.peak_mem_bytes_per_stage)
-    assert m.prefill_latency_s == t.prefill_latency_s and m.feasible == t.feasible
-    assert m.throughput_rps == t.throughput_rps and m.bubble_fraction == t.bubble_fraction
-
-
-def test_pairing_none_never_spills_and_overflows():
-    r = _spilling("none", p2=0.5)
-    t = reference_simulate("llama3-70b", "mocap-2x4", scheme="terapipe", placement=PL_2X4, **SPILL)
-    assert r.spilled_bytes == 0
-    np.testing.assert_array_equal(r.finish_times, t.finish_times)
-    assert r.feasible == t.feasible
+# --------------------------------------------------------------------------- the rules
 
 
 def test_static_partners():
     assert static_partners("cross-half", 8) == [4, 5, 6, 7, 0, 1, 2, 3]
     assert static_partners("cross-half", 5) == [3, 4, -1, 0, 1]
     assert static_partners("head-to-tail", 5) == [4, 3, -1, 1, 0]
-    assert static_partners("none", 4) == [-1] * 4 and static_partners("dynamic", 3) == [-1] * 3
+    assert static_partners("none", 3) == static_partners("dynamic", 3) == [-1, -1, -1]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(pairing="diagonal"), "pairing"), (dict(p1=0.9, p2=0.5), "p1 <= p2"), (dict(p2=1.5), "p2"),
-    (dict(read_overlap=-0.1), "read_overlap")])
-def test_bad_mbkr_settings_are_value_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        reference_simulate("llama3.1-8b", "mocap-2x2", 4096, "mbkr", chunks=4, **kwargs)
+def test_roles_room_and_the_spill_rule():
+    mb = MBKRSettings(p1=0.2, p2=0.8)
+    assert room(10.0, 100.0, 0.0, mb) == 0.0, "below p1: local-only"
+    assert room(80.0, 100.0, 0.0, mb) == 0.0, "at p2: debtor"
+    assert room(50.0, 100.0, 0.0, mb) == pytest.approx(30.0), "creditor: up to p2 of its budget"
+    assert room(50.0, 100.0, 45.0, mb) == pytest.approx(5.0), "and beside its in-flight activation"
+    d = decide(local=90.0, kv=20.0, activation=5.0, budget=100.0, partner_room=30.0, mb=mb)
+    assert (d.need, d.over, d.moved, d.overflow) == (115.0, 15.0, 15.0, False)
+    d = decide(local=90.0, kv=20.0, activation=5.0, budget=100.0, partner_room=10.0, mb=mb)
+    assert d.moved == 10.0 and d.overflow, "what stays exceeds the budget"
+    d = decide(local=95.0, kv=3.0, activation=10.0, budget=100.0, partner_room=50.0, mb=mb)
+    assert d.moved == 3.0 and d.overflow, "at most the new item's KV moves"
+    fits = decide(local=50.0, kv=20.0, activation=5.0, budget=100.0, partner_room=30.0, mb=mb)
+    assert fits.moved == 0.0, "overflow policy: what fits stays"
+    eager = decide(local=50.0, kv=20.0, activation=5.0, budget=100.0, partner_room=30.0,
+                   mb=MBKRSettings(p1=0.2, p2=0.6, spill="eager"))
+    assert eager.moved == pytest.approx(10.0), "eager: the new KV above p2 of the budget"
 
 
-# --------------------------------------------------------------------------- a tiny case by hand
-
-# Three tied-embedding layers on two stages: stage 0 holds two layers, stage 1 one, so stage 0
-# makes twice stage 1's KV.  The HBM is sized so that stage 0's first chunk overflows p2 of its
-# budget by half a chunk of stage-1 KV, which its partner (stage 1, idle and empty) takes.
-TINY = ModelSpec("tiny-3l", layers=3, hidden=1024, ffn=4096, q_heads=8, kv_heads=2, head_dim=128, vocab=32000,
-                 tied_embeddings=True)
-
-
-def test_hand_checked_spill_write_read_and_blocking():
-    c0, c1, B, p2, ov = 6000, 6000, 1, 0.8, 0.0   # no overlap: the whole read lengthens chunk 1
-    big = mocap_wafer(1, 2, name="tiny-1x2")
-    base = reference_simulate(TINY, big, c0 + c1, "terapipe", partition=[c0, c1], batch=B)
-    u = base.kv_bytes[0, 1]                       # stage-1 KV of chunk 0; stage 0 makes 2u
-    assert base.kv_bytes[0, 0] == 2 * u
-    # size the HBM: p2 x budget of stage 0 = 1.5 u, so chunk 0 spills 0.5 u
-    cap0 = 1.5 * u / p2
-    usable = cap0 + base.weight_bytes_per_stage[0] + base.workspace_bytes_per_stage[0]
-    hw = big.replace(hbm_capacity=usable / big.usable_hbm_fraction)
-    tp = reference_simulate(TINY, hw, c0 + c1, "terapipe", partition=[c0, c1], batch=B)
-    r = reference_simulate(TINY, hw, c0 + c1, "mbkr", partition=[c0, c1], batch=B, pairing="cross-half", p1=0.0,
-                           p2=p2, read_overlap=ov)
-    assert not tp.feasible and r.feasible, "MBKR makes the tiny case fit"
-    cap = r.kv_budget_bytes_per_stage
-    assert cap[0] == pytest.approx(cap0, rel=1e-12)
-    t, d = r.stage_times, r.handoff_times
-    moved = 2 * u - p2 * cap[0]
-    assert moved == pytest.approx(0.5 * u, rel=1e-9)
-    # the pair route 0 -> 1 shares link (0, 1) with the hand-off: half the link bandwidth
-    bw = hw.link_bandwidth / 2 * hw.eff_link
-    write = hw.link_latency_s + moved / bw
-    read = hw.link_latency_s + moved / bw
-    mp, hp = costs.ModelParams.from_spec(TINY, np.float64), costs.HardwareParams.from_spec(hw, np.float64)
-    layout = costs.StageLayout.from_placement(hw, [0, 1], dtype=np.float64)
-    attn = costs.stage_attention_times(mp, hp, layout, np.array([c0, c1], float), np.array([0.0, c0]),
-                                       np.array([B, B], float), 2, xp=np)
-    read_extra = max(read - ov * attn[1, 0], 0.0)
-    assert read_extra == read > 0
-    assert r.read_extra_s[1, 0] == pytest.approx(read, rel=1e-12)
-    serve = moved / (hw.hbm_bandwidth * hw.eff_hbm)
-    # stage 0: chunk 0 computes, spills, writes; chunk 1 starts after it and reads the spill back
-    f00 = t[0, 0] + write
-    assert r.finish_times[0, 0] == pytest.approx(f00, rel=1e-12)
-    assert r.start_times[1, 0] == pytest.approx(f00, rel=1e-12)
-    f10 = f00 + t[1, 0] + read_extra
-    assert r.finish_times[1, 0] == pytest.approx(f10, rel=1e-12)
-    # stage 1 is idle when the read starts: serving it occupies stage 1 from f00 for `serve`
-    assert r.idle_blocking_s[1] == pytest.approx(serve, rel=1e-12) and r.blocked_s.sum() == 0
-    s01 = max(f00 + d[0, 0], f00 + serve)
-    assert r.start_times[0, 1] == pytest.approx(s01, rel=1e-12)
-    f01 = s01 + t[0, 1]                            # stage 1 keeps its own chunk: nothing to write
-    assert r.finish_times[0, 1] == pytest.approx(f01, rel=1e-12)
-    f11 = max(f01, f10 + d[1, 0]) + t[1, 1]
-    assert r.finish_times[1, 1] == pytest.approx(f11, rel=1e-12)
-    assert r.prefill_latency_s == pytest.approx(f11, rel=1e-12)
-    # memory: stage 0 keeps 1.5 u; stage 1 hosts 0.5 u and adds its own u before stage 0 frees the group
-    assert f01 < f10
-    np.testing.assert_allclose(r.kv_peak_bytes_per_stage, [1.5 * u, 1.5 * u], rtol=1e-12)
-    assert [(x["stage"], x["item"], x["moved"]) for x in r.decisions] == [
-        (0, 0, pytest.approx(moved)), (1, 0, 0.0), (0, 1, 0.0), (1, 1, 0.0)]
-    assert r.spilled_bytes == pytest.approx(moved) and r.blocking_s == pytest.approx(serve)
-    assert r.remote_read_s == pytest.approx(read) and r.spill_write_s == pytest.approx(write)
+def test_dynamic_matching_ranks_by_occupancy():
+    budgets = [100.0] * 5
+    assert dynamic_matches([50, 10, 90, 30, 70], budgets) == [-1, 2, 1, 4, 3]
+    # ties go to the lower stage index (ranked as less loaded)
+    assert dynamic_matches([0, 0, 0, 0], budgets[:4]) == [3, 2, 1, 0]
+    # occupancies equal to 2^-20 of the budget tie, whatever the rounding noise (else 0 and 1 would swap)
+    assert dynamic_matches([50.0 + 1e-9, 50.0, 10.0, 10.0], budgets[:4]) == [3, 2, 1, 0]
 
 
-def test_busy_creditor_item_is_delayed_by_the_read():
-    # stage 1 (cross-half partner of stage 0 on two dies) is still working when stage 0's later
-    # chunk starts reading: the serving time lands on stage 1's item in progress.
-    r = reference_simulate("llama3-70b", "mocap-2x4", 330_000, "mbkr", chunks=8, batch=8, num_batches=2,
-                           pairing="cross-half", p2=0.6, placement=PL_2X4)
-    assert r.blocked_s.sum() > 0
-    k, s = np.argwhere(r.blocked_s > 0)[0]
-    assert r.finish_times[k, s] - r.start_times[k, s] >= r.stage_times[k, s] + r.blocked_s[k, s] - 1e-12
+# --------------------------------------------------------------------------- hand cases
 
 
-# --------------------------------------------------------------------------- differential
+def test_overflow_goes_to_an_idle_creditor():
+    # one chunk; stage 0 overflows by a quarter of its KV while stage 1 is idle and empty
+    S = 16384
+    plain = _plain([S])
+    w, kv, act = plain.weight_bytes_per_stage, plain.kv_bytes[0], plain.activation_bytes[0]
+    x = kv[0] / 4
+    usable = w[0] + kv[0] + act[0] - x
+    r = reference_simulate(MODEL, _sized(usable), S, "mbkr", partition=[S], num_batches=1, placement=PAIR)
+    first, second = r.decisions
+    assert first["partner"] == 1 and first["partner_local"] == 0 and first["partner_activation"] == 0
+    assert first["over"] == pytest.approx(x, rel=1e-12) and first["moved"] == pytest.approx(x, rel=1e-12)
+    assert r.item_moved[0, 0] == pytest.approx(x, rel=1e-12)
+    # the write shares link (0, 1) with the hand-off 0 -> 1 (bandwidth halved); stage 1's write back
+    # uses (1, 0), which only the pair route uses
+    assert r.item_write_s[0, 0] == pytest.approx(_link(x, sharers=2), rel=1e-12)
+    assert r.finish_times[0, 0] == pytest.approx(plain.stage_times[0, 0] + _link(x, sharers=2), rel=1e-12)
+    # stage 0 is exactly full; stage 1 holds the spill beside its weights
+    assert r.peak_mem_bytes_per_stage[0] == pytest.approx(usable, rel=1e-12)
+    assert r.timeline_mem_bytes[0, 1] == pytest.approx(w[1] + x, rel=1e-12)
+    # stage 0's release frees the spill too; stage 1 then overflows by as much plus the LM head's logits
+    # (and its weights' difference), and writes it to stage 0, idle and empty by then
+    assert second["stage"] == 1 and second["local"] == 0 and second["partner_local"] == 0
+    over1 = kv[1] + act[1] - (usable - w[1])
+    assert act[1] - act[0] == pytest.approx(MODEL.vocab * BASE.activation_bytes, rel=1e-9)
+    assert second["moved"] == pytest.approx(over1, rel=1e-12)
+    assert r.item_write_s[0, 1] == pytest.approx(_link(over1), rel=1e-12)
+    assert r.feasible and not r.overflow and r.raw_latency_s == r.finish_times[0, 1]
+    np.testing.assert_allclose(r.peak_mem_bytes_per_stage, usable, rtol=1e-12)
 
 
-DIFF_KW = dict(meshes=("mocap-2x2", "mocap-2x4"), buckets=(8,), num_batches=(1, 2))
+PART3 = [8192, 4096, 4096]
 
 
-def test_mbkr_configurations_cover_the_space():
-    cfgs = sample_mbkr_configs(160, seed=3, group_size=8, **DIFF_KW)
-    assert len(cfgs) == 160
-    assert {c.pairing for c in cfgs} == {"cross-half", "none", "head-to-tail", "dynamic"}
-    assert {c.release for c in cfgs} == {"stage", "request"} and {c.num_batches for c in cfgs} == {1, 2}
-    assert {c.admission for c in cfgs} == {"streaming", "synchronous"}
-    assert {"qwen3-235b-a22b", "mixtral-8x22b", "qwen3-30b-a3b"} & {c.model for c in cfgs}, "need an MoE model"
-    assert all(sum(c.partition) == c.seq_len and min(c.partition) > 0 for c in cfgs)
-    assert sample_mbkr_configs(160, seed=3, group_size=8, **DIFF_KW) == cfgs
-    assert all(len({(c.model, c.pairing, c.p2, c.release) for c in cfgs[i:i + 8]}) == 1 for i in range(0, 160, 8))
+def _three_chunk_case(p2):
+    """Three chunks; stage 0's last chunk overflows by half its KV while stage 1 runs its first chunk."""
+    plain = _plain(PART3)
+    w, kv, act = plain.weight_bytes_per_stage, plain.kv_bytes[:, 0], plain.activation_bytes
+    usable = w[0] + kv.sum() + act[2, 0] - kv[2] / 2
+    return plain, usable, reference_simulate(MODEL, _sized(usable), sum(PART3), "mbkr", partition=PART3,
+                                             num_batches=1, placement=PAIR, p2=p2)
 
 
-def _check_targets(res, n):
-    assert res["configs"] == n
-    where = f"worst latency: {res['worst_latency']}; worst peak memory: {res['worst_peak_mem']}"
-    assert res["latency_rel_err_mean"] <= MBKR_TARGET_MEAN and res["latency_rel_err_max"] <= MBKR_TARGET_MAX, where
-    assert res["peak_mem_rel_err_mean"] <= MBKR_TARGET_MEAN and res["peak_mem_rel_err_max"] <= MBKR_TARGET_MAX, where
-    assert res["no_spill_max_rel_err"] <= 1e-9, "without spills MBKR is TeraPipe on both sides"
-    assert res["within_target"]
+def test_room_leaves_space_for_the_creditors_item_in_flight():
+    plain, usable, r = _three_chunk_case(p2=0.85)
+    d = next(d for d in r.decisions if d["stage"] == 0 and d["item"] == 2)
+    budget1 = usable - plain.weight_bytes_per_stage[1]
+    # stage 1 is running chunk 0: it holds the KV it is writing and that chunk's activation buffers
+    assert r.start_times[0, 1] <= d["time"] < r.finish_times[0, 1]
+    assert d["partner_local"] == pytest.approx(plain.kv_bytes[0, 1], rel=1e-12)
+    assert d["partner_activation"] == pytest.approx(plain.activation_bytes[0, 1], rel=1e-12)
+    beside = budget1 - plain.kv_bytes[0, 1] - plain.activation_bytes[0, 1]
+    assert beside < 0.85 * budget1 - plain.kv_bytes[0, 1], "the in-flight activation bounds the room here"
+    assert d["room"] == pytest.approx(beside, rel=1e-12)
+    assert d["moved"] == pytest.approx(plain.kv_bytes[2, 0] / 2, rel=1e-12) and r.feasible
 
 
-def test_array_mbkr_static_pairings_stay_within_the_approximation_targets():
-    res = run_mbkr_agreement(configs=48, seed=3, group_size=8, pairings=("cross-half", "head-to-tail", "none"),
-                             **DIFF_KW)
-    assert res["spilling_share"] >= 0.2, res["spilling_share"]    # "none" never spills
-    assert res["feasible_mismatches"] <= 1, res["mismatched"]
-    _check_targets(res, 48)
+def test_infeasible_when_neither_stage_has_room():
+    # with p2 = 0.3 stage 1 is a debtor itself when stage 0 overflows: no room, the point does not fit
+    _, _, r = _three_chunk_case(p2=0.3)
+    d = next(d for d in r.decisions if d["stage"] == 0 and d["item"] == 2)
+    assert d["partner_local"] >= 0.3 * (r.kv_budget_bytes_per_stage[1])
+    assert d["room"] == 0 and d["moved"] == 0 and d["overflow"]
+    assert not r.feasible and r.prefill_latency_s == math.inf and r.throughput_rps == 0
+    assert math.isfinite(r.raw_latency_s)
+    # without a partner, nothing can spill: exactly the result without MBKR
+    none = reference_simulate(MODEL, r_hw(r), sum(PART3), "mbkr", partition=PART3, num_batches=1, placement=PAIR,
+                              pairing="none")
+    plain = reference_simulate(MODEL, r_hw(r), sum(PART3), partition=PART3, num_batches=1, placement=PAIR)
+    assert not none.feasible and none.spilled_bytes == 0 and none.mbkr is None
+    np.testing.assert_array_equal(none.finish_times, plain.finish_times)
+    np.testing.assert_array_equal(none.peak_mem_bytes_per_stage, plain.peak_mem_bytes_per_stage)
 
 
-def test_array_mbkr_dynamic_pairing_stays_within_the_approximation_targets():
-    res = run_mbkr_agreement(configs=24, seed=3, group_size=8, pairings=("dynamic",), **DIFF_KW)
-    assert res["spilling_share"] >= 0.3, res["spilling_share"]
-    _check_targets(res, 24)
-    assert math.isfinite(res["wall_s"])
+def r_hw(r):
+    """The sized die of a hand-case result (its usable HBM)."""
+    return _sized(r.capacity_bytes)
 
 
-def test_reference_mbkr_is_independent_of_the_array_kernels(imports_of):
-    from mocap_jax.validation import reference_mbkr
-
-    imported = imports_of(reference_mbkr)
-    text = " ".join(imported)
-    # allowed: the host-side route helper mbkr.pair_routes, the §4 formulas (costs), specs, the base reference
-    modules = {t.split(":")[0] or t.split(":")[1] for t in imported}       # "from .. import costs" -> costs
-    assert modules <= {"__future__", "heapq", "math", "dataclasses", "numpy", "costs", "mbkr", "specs",
-                       "reference"}, sorted(imported)
-    assert "mbkr:pair_routes" in text
-    for kernel in ("pipeline", "schedule", "memory", "api", "simulate", "jax", "spills", "spill_costs"):
-        assert kernel not in text, f"reference_mbkr imports {kernel}: {sorted(imported)}"
-
-
-# --------------------------------------------------------------------------- validate CLI
-
-
-def test_validate_reports_the_mbkr_approximation(capsys):
-    import json
-
-    from mocap_jax.cli import main
-
-    code = main(["validate", "--configs", "2", "--mbkr-configs", "6", "--no-calibration", "--json"])
-    out = json.loads(capsys.readouterr().out)
-    assert code == (0 if out["reference_ok"] else 1)
-    assert out["mbkr_configs"] == 6 and out["mbkr"]["configs"] == 6
-    for k in ("mbkr_latency_rel_err_mean", "mbkr_latency_rel_err_max", "mbkr_peak_mem_rel_err_mean",
-              "mbkr_peak_mem_rel_err_max", "mbkr_spilling_share"):
-        assert isinstance(out[k], float) and out[k] >= 0, k
-    assert out["mbkr_target"] == {"mean": MBKR_TARGET_MEAN, "max": MBKR_TARGET_MAX}
-    assert isinstance(out["mbkr_within_target"], bool)
-
-
-def test_validate_text_has_an_mbkr_block_and_mbkr_can_be_skipped(capsys):
-    from mocap_jax.cli import main
-    from mocap_jax.cli.validate import format_mbkr
-
-    main(["validate", "--configs", "1", "--mbkr-configs", "0", "--no-calibration", "--json"])
-    import json
-
-    out = json.loads(capsys.readouterr().out)
-    assert out["mbkr_configs"] == 0 and out["mbkr"] is None and out["mbkr_latency_rel_err_max"] is None
-    rep = dict(configs=3, dtype="float64", spilling_configs=2, spilling_share=2 / 3, infeasible_configs=1,
-               latency_rel_err_mean=1e-5, latency_rel_err_max=2e-5, peak_mem_rel_err_mean=0.0, peak_mem_rel_err_max=0.0,
-               spilling_peak_mem_rel_err_mean=0.0, spilling_peak_mem_rel_err_max=0.0,
-               feasible_peak_mem_rel_err_mean=0.0, feasible_peak_mem_rel_err_max=0.0, kv_peak_rel_err_mean=0.0,
-               kv_peak_rel_err_max=0.0, feasible_mismatches=0, target_mean=0.01, target_max=0.05, within_target=True,
-               by_pairing={"dynamic": dict(configs=3, spilling=2, latency_rel_err_mean=1e-5, latency_rel_err_max=2e-5,
-                                           peak_mem_rel_err_mean=0.0, peak_mem_rel_err_max=0.0)})
-    text = "\n".join(format_mbkr(rep))
-    assert "MBKR approximation: 3 random configurations" in text and "PASS" in text and "dynamic" in text
+def test_remote_reads_and_creditor_blocking():
+    # four chunks: stage 0 starts spilling at chunk 1, so chunks 2 and 3 read it back while stage 1
+    # is still running its chunk 0 (a busy creditor: its item is delayed by each serving)
+    part = [8192, 4096, 2048, 2048]
+    plain = _plain(part)
+    w, kv, act = plain.weight_bytes_per_stage, plain.kv_bytes[:, 0], plain.activation_bytes[:, 0]
+    usable = w[0] + kv[:2].sum() + act[1] - kv[1] / 2
+    r = reference_simulate(MODEL, _sized(usable), sum(part), "mbkr", partition=part, num_batches=1, placement=PAIR,
+                           read_overlap=0.25)
+    spilled = r.item_moved[1, 0]
+    assert spilled == pytest.approx(kv[1] / 2, rel=1e-12) and r.item_moved[0, 0] == 0
+    serve = BASE.hbm_bandwidth * BASE.eff_hbm
+    for k in (2, 3):
+        R = r.item_moved[:k, 0].sum()
+        assert r.item_read_bytes[k, 0] == pytest.approx(R, rel=1e-12)
+        read = _link(R, sharers=2)
+        assert r.item_read_s[k, 0] == pytest.approx(read, rel=1e-12)
+        att = r_attention(r, k, 0)
+        assert r.item_read_extra_s[k, 0] == pytest.approx(max(read - 0.25 * att, 0.0), rel=1e-12, abs=1e-15)
+    # every read is served while stage 1 runs chunk 0, whose time grows by each serving
+    reads = r.item_read_bytes[:, 0]
+    starts = r.start_times[:, 0]
+    assert np.all((starts[reads > 0] >= r.start_times[0, 1]) & (starts[reads > 0] < r.finish_times[0, 1]))
+    assert r.item_block_s[0, 1] == pytest.approx(reads.sum() / serve, rel=1e-12)
+    assert r.item_times[0, 1] == pytest.approx(plain.stage_times[0, 1] + reads.sum() / serve, rel=1e-12)
+    # item times are t plus the write, the unhidden read, migrations and blocking, and finish = start + time
+    parts = r.stage_times + r.item_write_s + r.item_read_extra_s + r.item_migrate_s + r.item_block_s
+    np.testing.assert_allclose(r.item_times, parts, rtol=1e-12)
+    np.testing.assert_allclose(r.finish_times, r.start_times + r.item_times, rtol=1e-12)
+    assert r.blocking_s == pytest.approx(r.item_block_s.sum()) and r.remote_read_s == pytest.approx(
+        r.item_read_s.sum())
 
 
-def test_validate_rejects_negative_mbkr_configs(capsys):
-    from mocap_jax.cli import main
+def r_attention(r, k, s):
+    """Local attention seconds of item k on stage s (what hides a remote read)."""
+    from mocap_jax import costs
 
-    with pytest.raises(SystemExit) as e:
-        main(["validate", "--mbkr-configs", "-1"])
-    assert e.value.code == 2
-    assert "non-negative" in capsys.readouterr().err
+    mp = costs.ModelParams.from_spec(MODEL, np.float64)
+    hp = costs.HardwareParams.from_spec(BASE, np.float64)
+    it = r.items[k]
+    layers = MODEL.layers // 2
+    return layers * float(costs.attention_time(mp, hp, it.tokens, it.prefix, it.requests, xp=np))
+
+
+def test_eager_spills_above_p2_and_overflow_spills_only_what_cannot_stay():
+    part = [8192, 4096, 2048, 2048]
+    plain = _plain(part)
+    assert plain.feasible
+    kw = dict(partition=part, num_batches=1, placement=PAIR)
+    overflow = reference_simulate(MODEL, BASE, sum(part), "mbkr", p2=0.004, **kw)
+    assert overflow.spilled_bytes == 0, "a configuration that fits spills nothing"
+    np.testing.assert_array_equal(overflow.finish_times, plain.finish_times)
+    np.testing.assert_array_equal(overflow.peak_mem_bytes_per_stage, plain.peak_mem_bytes_per_stage)
+    eager = reference_simulate(MODEL, BASE, sum(part), "mbkr", p2=0.004, spill="eager", **kw)
+    assert eager.spilled_bytes > 0 and eager.feasible
+    first = next(d for d in eager.decisions if d["moved"] > 0)
+    budget = eager.kv_budget_bytes_per_stage[first["stage"]]
+    kv = eager.kv_bytes[first["item"], first["stage"]]
+    assert first["over"] == pytest.approx(min(kv, first["local"] + kv - 0.004 * budget), rel=1e-12)
+    assert first["moved"] == pytest.approx(min(first["over"], first["room"], kv), rel=1e-12)
+    assert eager.raw_latency_s > plain.raw_latency_s, "the writes cost time"
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+CASES = [
+    dict(model="llama3-70b", hardware="mocap-4x4", seq_len=131072, chunks=16, batch=56, num_batches=1),
+    dict(model="llama3-70b", hardware="mocap-4x4", seq_len=131072, chunks=16, batch=56, num_batches=1,
+         pairing="head-to-tail", spill="eager", p2=0.7),
+    dict(model="llama3-70b", hardware="mocap-4x4", seq_len=131072, chunks=16, batch=52, num_batches=2,
+         pairing="dynamic", release="request", p2=0.9),
+    dict(model="qwen3-235b-a22b", hardware="mocap-2x4", seq_len=65536, chunks=8, batch=48, num_batches=2,
+         pairing="dynamic", admission="synchronous", spill="eager", p2=0.6),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kv_is_conserved_and_spills_live_on_the_partner(case):
+    r = reference_simulate(scheme="mbkr", **case)
+    assert r.spilled_bytes > 0
+    _, held, written, released = r.kv_audit.T
+    np.testing.assert_allclose(held, written - released, rtol=1e-12, atol=1e-3)
+    assert released[-1] == pytest.approx(written[-1], rel=1e-12) and held[-1] == pytest.approx(0, abs=1e-3)
+    assert written[-1] == pytest.approx(r.kv_bytes.sum(), rel=1e-12)
+    # spills go to the stage's partner at the item's start; static partners never change
+    spilled = r.item_moved > 0
+    if case.get("pairing", "cross-half") != "dynamic":
+        partner = static_partners(case.get("pairing", "cross-half"), r.start_times.shape[1])
+        assert np.all(r.item_host == np.array(partner)[None, :])
+    assert np.all(r.item_host[spilled] >= 0)
+    # a migration moves everything the stage spilled and has not released to its new partner
+    N = r.start_times.shape[1]
+    last = np.array([it.group_last for it in r.items])
+    released = r.finish_times[last] if r.release == "stage" else np.repeat(r.finish_times[last, -1:], N, axis=1)
+    for k, s in np.argwhere(r.item_migrated > 0):
+        live = (np.arange(len(r.items)) < k) & (released[:, s] > r.start_times[k, s])
+        assert r.item_migrated[k, s] == pytest.approx(r.item_moved[live, s].sum(), rel=1e-12)
+    # the partner's in-flight activation the rule saw is that of the item it was running then (an
+    # item starting at the same instant runs already if its stage comes first)
+    for d in r.decisions:
+        y, tau = d["partner"], d["time"]
+        if y < 0:
+            continue
+        running = (r.start_times[:, y] < tau) | ((r.start_times[:, y] == tau) & (y < d["stage"]))
+        running &= r.finish_times[:, y] > tau
+        assert d["partner_activation"] == (r.activation_bytes[running, y].sum() if running.any() else 0.0)
+    np.testing.assert_allclose(r.finish_times, r.start_times + r.item_times, rtol=1e-12)
+
+
+def test_pairing_none_and_fitting_points_are_the_plain_result():
+    kw = dict(model="llama3-70b", hardware="mocap-4x4", seq_len=131072, chunks=16, num_batches=2)
+    for batch in (40, 64):
+        plain = reference_simulate(batch=batch, **kw)
+        none = reference_simulate(scheme="mbkr", pairing="none", batch=batch, **kw)
+        np.testing.assert_array_equal(none.finish_times, plain.finish_times)
+        assert none.feasible == plain.feasible
+        mbkr = reference_simulate(scheme="mbkr", batch=batch, **kw)
+        if plain.feasible:   # MBKR never makes a fitting point infeasible, and changes nothing there
+            assert mbkr.feasible and mbkr.spilled_bytes == 0
+            np.testing.assert_array_equal(mbkr.finish_times, plain.finish_times)
+            np.testing.assert_array_equal(mbkr.peak_mem_bytes_per_stage, plain.peak_mem_bytes_per_stage)
+        else:
+            assert mbkr.spilled_bytes > 0
+
+
+# --------------------------------------------------------------------------- the array program against it
+
+
+def test_array_mbkr_is_within_its_approximation_targets():
+    res = run_mbkr_agreement(configs=40, seed=1, dtype="float64", group_size=10, programs=2, buckets=(8,),
+                             searched=False)
+    assert res["spilling_share"] >= 0.25, "the sample should spill often"
+    assert res["latency_rel_err_mean"] <= TARGET_MEAN and res["latency_rel_err_max"] <= TARGET_MAX, res
+    assert res["peak_mem_rel_err_mean"] <= TARGET_MEAN and res["peak_mem_rel_err_max"] <= TARGET_MAX, res
+    assert res["feasible_mismatches"] == 0, res["mismatched"]
+
+
+@pytest.mark.slow
+def test_array_mbkr_targets_over_every_pairing_and_spill_policy():
+    res = run_mbkr_agreement(configs=200, seed=2, dtype="float64", group_size=10, programs=5, searched=False)
+    assert set(res["by_pairing"]) == {"cross-half", "head-to-tail", "dynamic", "none"}
+    assert res["by_spill"]["eager"]["spilling"] > 0 and res["by_spill"]["overflow"]["spilling"] > 0
+    assert res["latency_rel_err_mean"] <= TARGET_MEAN and res["latency_rel_err_max"] <= TARGET_MAX, res
+    assert res["peak_mem_rel_err_mean"] <= TARGET_MEAN and res["peak_mem_rel_err_max"] <= TARGET_MAX, res
+    assert res["feasible_mismatches"] == 0, res["mismatched"]
+
+
+def test_a_read_served_by_a_finished_host_delays_nothing():
+    # stage 7 spills its big first chunk to stage 3 and reads it back for its second chunk, when stage 3
+    # has finished the batch: stage 3 is idle with no next item, so the serving delays nothing
+    cfg = AgreementConfig(model="llama3-70b", hardware="mocap-2x4", seq_len=32768, scheme="mbkr", batch=60,
+                          partition=(28672, 4096), num_batches=2, admission="synchronous",
+                          placement=(0, 1, 2, 3, 7, 6, 5, 4), pairing="cross-half")
+    ref = reference(cfg)
+    assert ref.feasible and ref.item_read_bytes[3, 7] > 0 and ref.start_times[3, 7] > ref.finish_times[3, 3]
+    assert ref.blocking_s == 0
+    vec = vectorised_group([cfg], "float64", 10)
+    np.testing.assert_allclose(vec["blocking_s_per_stage"][0][:8], ref.blocking_s_per_stage, atol=1e-12)

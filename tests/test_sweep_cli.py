@@ -14,7 +14,7 @@ def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
     quick = str(ROOT / "sweeps" / "quick.toml")
     assert main(["sweep", quick, "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "26 points" in text and "3 bucket(s)" in text
+    assert "26 points, 4 bucket(s), 6 block(s) of up to 8" in text and "26 representative points" in text
     assert main(["sweep", quick, "--out", str(out), "--quiet", "--limit", "8"]) == 0
     text = capsys.readouterr().out
     assert "INCOMPLETE" in text and "--resume" in text
@@ -28,9 +28,10 @@ def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
 
 
 def test_bench_sweep_json(capsys):
-    # the first point of the million-point sweep
-    assert main(["bench", "sweep", "--points", "1", "--json", "--quiet", "--devices", "2"]) == 0
+    # smoke run at tiny size: the first point of the million-point sweep, 3,000 rows written per format
+    assert main(["bench", "sweep", "--points", "1", "--json", "--quiet", "--devices", "2", "--write-rows",
+                 "3000"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["points"] == 1 and d["buckets"] == 1 and d["devices"] == 2
-    for k in ("points_per_s", "wall_s", "compile_s", "peak_rss_mb"):
-        assert d[k] > 0
+    assert [w["format"] for w in d["write"]] == ["csv", "parquet"]
+    assert all(w["rows"] == 3000 for w in d["write"] if "skipped" not in w)

@@ -7,43 +7,42 @@ and exit code 2 (no traceback).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 
+from ..prefill.batch import DishonestResult
+from .common import Parser
+
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
-    "mocap_jax.cli.core",          # simulate, max-seq, max-batch, models, hardware, bench pipeline
+    "mocap_jax.cli.core",          # simulate, max-seq, max-batch, models, hardware
+    "mocap_jax.cli.bench",         # bench pipeline, bench anneal
     "mocap_jax.cli.placement",     # placement
-    "mocap_jax.cli.partition",     # compare, partition, bench anneal
+    "mocap_jax.cli.partition",     # compare, partition
     "mocap_jax.cli.validate",      # validate, bench reference
     "mocap_jax.cli.calibrate",     # calibrate
     "mocap_jax.cli.sweep",         # sweep, bench sweep
-    "mocap_jax.cli.study",         # reproduce
+    "mocap_jax.cli.study",         # reproduce, claims
     "mocap_jax.cli.wsc",           # wsc-llm ..., bench wsc-serving
 )
-
-
-class UsageError(ValueError):
-    """Bad command-line input (reported as one line, exit code 2)."""
 
 
 def _bench_parser(sub):
     """The shared ``bench`` command; benchmark modules add their targets to it."""
     bench = sub.add_parser("bench", help="benchmarks (commands, not tests): pipeline, anneal, reference, sweep")
-    return bench.add_subparsers(dest="bench_target", metavar="TARGET", required=True)
+    return bench.add_subparsers(dest="bench_target", metavar="TARGET", required=True, parser_class=Parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mocap-jax",
         description="Vectorised simulator of prefill-only LLM inference (MOCAP) and serving (WSC-LLM) on wafer-scale chips.",
     )
     from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"mocap-jax {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     bench_sub = _bench_parser(sub)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, bench_sub)
@@ -62,15 +61,31 @@ def _use_all_cpu_cores() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
+def _fail(args, message: str) -> int:
+    """One line on stderr, exit code 2."""
+    command = " ".join(x for x in (getattr(args, "command", None), getattr(args, "wsc_command", None),
+                                   getattr(args, "bench_target", None)) if x)
+    print(f"mocap-jax {command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
     _use_all_cpu_cores()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except ValueError as e:  # SpecError, UsageError and API validation errors
-        print(f"mocap-jax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:                   # the reader (e.g. head) closed the pipe: nothing more to say
+        return 0
+    except (ValueError, OverflowError) as e:  # SpecError and every validation error: bad input
+        return _fail(args, str(e))
+    except OSError as e:                      # a path that could not be read or written
+        return _fail(args, f"{e.strerror or e} ({e.filename})" if getattr(e, "filename", None) else str(e))
+    except DishonestResult as e:              # a broken invariant: a bug, reported, never printed as a result
+        print(f"mocap-jax: internal error (please report): {e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        return _fail(args, "the problem does not fit in memory; use fewer points, a smaller mesh or smaller blocks")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

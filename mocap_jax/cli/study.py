@@ -1,29 +1,84 @@
-"""``mocap-jax reproduce``: the MOCAP study on embedded defaults."""
+"""``mocap-jax reproduce`` (the MOCAP study on embedded defaults) and ``mocap-jax claims`` (the claims ledger)."""
 
 from __future__ import annotations
 
-from .. import api
-from ..study import StudyConfig, run_study, summary_table
+import json
+from pathlib import Path
+
+from ..specs import get_model
+from ..study import claims
+from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table
+from .common import check_output_dir, dumps, progress, positive_int
 
 
 def cmd_reproduce(args) -> int:
+    check_output_dir(args.results)
+    check_output_dir(args.figures)
     cfg = StudyConfig(quick=args.quick, seed=args.seed)
     if args.models:
         cfg.models = tuple(m.strip() for m in args.models.split(","))
         for m in cfg.models:
-            api.get_model(m)
-    res = run_study(cfg, args.results, args.figures, log=(lambda *a, **k: None) if args.quiet else print)
-    print()
+            get_model(m)
+    if args.no_sensitivity:
+        cfg.sensitivity = False
+    res = run_study(cfg, args.results, args.figures, log=lambda m: progress(m, args.quiet))
     print(summary_table(res))
     return 0
 
 
+def cmd_claims(args) -> int:
+    path = Path(args.results) / "claims.json"
+    if path.exists() and not args.run:
+        data = json.loads(path.read_text())
+        ledger = data["ledger"]
+        source = f"from {path} (written by mocap-jax reproduce; --run recomputes)"
+    else:
+        cfg = StudyConfig(max_lengths=args.lengths, sensitivity=not args.no_sensitivity, seed=args.seed)
+        if args.models:
+            cfg.models = tuple(m.strip() for m in args.models.split(","))
+        from ..study.compare import compare
+        from ..study.reproduce import _settings
+
+        rows, lengths_of = [], {}
+        for model in cfg.models:
+            lengths, _ = study_lengths(model, cfg)
+            lengths_of[model] = tuple(lengths)
+            for S in lengths:
+                out = compare(model, cfg.hardware, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"),
+                              settings=_settings(cfg, S))
+                rows += [{"model": model, "seq_len": S, "load_rps": out["load_rps"], **r} for r in out["schemes"]]
+                progress(f"claims: {model} S = {S:,} compared", args.quiet)
+        ledger, _ = run_claims(cfg, rows, lengths_of, log=lambda m: progress(m, args.quiet))
+        if not args.no_sensitivity:
+            claims.plot_sensitivity(ledger, Path(args.figures) / "claims_sensitivity.png")
+        source = "computed now"
+    if args.json:
+        print(dumps({"source": source, "ledger": ledger}))
+    else:
+        print(f"claims ledger ({source})")
+        print(claims.format_ledger(ledger))
+    return 0
+
+
 def register(sub, bench_sub) -> None:
-    p = sub.add_parser("reproduce", help="the MOCAP study on embedded defaults: tables and figures")
+    p = sub.add_parser("reproduce", help="the MOCAP study on embedded defaults: tables, figures, claims ledger")
     p.add_argument("--results", default="results", help="directory for the CSV tables")
     p.add_argument("--figures", default="figures", help="directory for the PNG figures")
     p.add_argument("--models", default=None, help="comma-separated subset of the study models")
     p.add_argument("--quick", action="store_true", help="one model, two lengths, short annealing (a smoke run)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-sensitivity", action="store_true", help="skip the claims' sensitivity runs")
+    p.add_argument("--seed", type=positive_int, default=1)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("claims", help="the MOCAP paper's headline claims against this simulator, with sensitivity")
+    p.add_argument("--results", default="results", help="where reproduce wrote claims.json")
+    p.add_argument("--figures", default="figures", help="where the tornado figure goes (with --run)")
+    p.add_argument("--run", action="store_true", help="recompute instead of reading results/claims.json")
+    p.add_argument("--models", default=None, help="comma-separated subset of the study models (with --run)")
+    p.add_argument("--lengths", type=positive_int, default=2, help="sequence lengths per model (with --run)")
+    p.add_argument("--no-sensitivity", action="store_true")
+    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_claims)

@@ -1,4 +1,4 @@
-"""``mocap-jax sweep FILE`` and ``mocap-jax bench sweep`` (DESIGN §11; schema in ``sweeps/README.md``)."""
+"""``mocap-jax sweep FILE`` and ``mocap-jax bench sweep`` (schema in ``sweeps/README.md``)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ scheme = ["terapipe", "mbkr"]
 """
 
 
+def _rows_arg(text: str) -> int:
+    return 0 if text.strip() == "0" else positive_int(text)
+
+
 def _million_source():
     """sweeps/million.toml when running from the repository, else the embedded copy."""
     path = Path(__file__).resolve().parents[1] / "sweeps" / "million.toml"
@@ -54,7 +58,7 @@ def _pct(a, b) -> str:
 
 
 def format_summary(s) -> str:
-    lines = [f"sweep {s.name}: {s.points:,} points in {s.buckets} shape bucket(s), {s.blocks} block(s) "
+    lines = [f"sweep {s.name}: {s.points:,} points in {s.buckets} shape bucket(s), {s.blocks:,} block(s) "
              f"of up to {s.block_size:,}; {s.devices} device(s) ({s.device_kind})"]
     if s.complete and s.feasible is not None:
         lines.append(f"  feasible        {s.feasible:,} / {s.points:,} ({_pct(s.feasible, s.points)})")
@@ -70,21 +74,33 @@ def format_summary(s) -> str:
     return "\n".join(lines)
 
 
+#: buckets a dry run lists one by one (the rest are summed up in one line)
+SHOWN_BUCKETS = 40
+
+
+def format_dry_run(d: dict) -> str:
+    lines = [f"sweep {d['name']}: {d['points']:,} points, {len(d['buckets'])} bucket(s), {d['blocks']:,} block(s) "
+             f"of up to {d['block_size']:,}; config hash {d['config_hash']}",
+             f"  planned from {d['representatives']:,} representative points in {d['plan_s']:.2f} s"]
+    for b in d["buckets"][:SHOWN_BUCKETS]:
+        lines.append(f"  {b['points']:>14,}  {b['label']}")
+    rest = d["buckets"][SHOWN_BUCKETS:]
+    if rest:
+        lines.append(f"  {sum(b['points'] for b in rest):>14,}  ... in {len(rest)} more bucket(s)")
+    return "\n".join(lines)
+
+
 def cmd_sweep(args) -> int:
     from .. import sweep
 
     if args.dry_run:
+        t0 = time.perf_counter()
         d = sweep.describe(args.file, block_size=args.block_size)
-        if args.json:
-            print(json.dumps(d))
-        else:
-            print(f"sweep {d['name']}: {d['points']:,} points, {len(d['buckets'])} bucket(s), {d['blocks']} block(s); "
-                  f"config hash {d['config_hash']}")
-            for b in d["buckets"]:
-                print(f"  {b['points']:>10,}  {b['label']}")
+        d["plan_s"] = time.perf_counter() - t0
+        print(json.dumps(d) if args.json else format_dry_run(d))
         return 0
     s = sweep.run_sweep(args.file, args.out, resume=args.resume, devices=args.devices, block_size=args.block_size,
-                        quiet=args.quiet, limit=args.limit, overwrite=args.overwrite)
+                        quiet=args.quiet, limit=args.limit, overwrite=args.overwrite, format=args.format)
     print(json.dumps(s.to_dict()) if args.json else format_summary(s))
     return 0
 
@@ -95,9 +111,76 @@ def peak_rss_mb() -> float:
     return r / (1 << 20) if sys.platform == "darwin" else r / 1024
 
 
+def _synthetic_outputs(rng, P: int) -> dict:
+    """Output columns of the types and rough magnitudes a fast MBKR bucket returns (for the write benchmark)."""
+    import numpy as np
+
+    from ..sweep.output import OUTPUT_COLUMNS
+
+    feasible = rng.random(P) < 0.55
+    f32 = lambda scale: (rng.lognormal(0.0, 2.0, P) * scale).astype(np.float32)
+    out = {"feasible": feasible, "reason": np.where(feasible, "", "memory").astype(object),
+           "batch_used": rng.integers(1, 33, P)}
+    for k in OUTPUT_COLUMNS:
+        if k not in out and k not in ("load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "load_throughput_rps",
+                                      "partition"):
+            out[k] = f32(1e9 if "bytes" in k else 1.0)
+    out["prefill_latency_s"] = np.where(feasible, out["raw_latency_s"], np.float32(np.inf))
+    return out
+
+
+def bench_write(rows: int = 1_000_000, block_size: int = 4096, out: str | None = None) -> list[dict]:
+    """Time writing ``rows`` rows of million.toml in each format: its real inputs, synthetic outputs (the
+    writer's cost does not depend on the numbers' physics), part files of ``block_size`` rows (the
+    time a run spends writing) and the assembly of the results file.  Resolving the points is not
+    timed."""
+    import numpy as np
+
+    from ..sweep.config import load_sweep
+    from ..sweep.output import PartWriter, assemble, pyarrow
+    from ..sweep.plan import Plan
+
+    plan = Plan(load_sweep(_million_source(), max_points=rows), block_size, 8)
+    prov = {"mocap_jax_version": "bench", "config_hash": "0" * 16, "device_kind": "cpu", "devices": 1}
+    report = []
+    for fmt in ("csv", "parquet"):
+        if fmt == "parquet":
+            try:
+                pyarrow()
+            except ValueError as e:
+                report.append({"format": fmt, "skipped": str(e)})
+                continue
+        work = Path(tempfile.mkdtemp(prefix=f"mocap-bench-write-{fmt}-", dir=out))
+        try:
+            writer = PartWriter(plan.space, fmt, prov, np.float32)
+            rng = np.random.default_rng(0)
+            parts = {b.index: [] for b in plan.ordered()}
+            parts_s = 0.0
+            for b, k, ids in plan.blocks():
+                r = plan.resolver.resolve(ids)
+                outputs = _synthetic_outputs(rng, len(ids))
+                path = work / f"b{b.index:03d}-{k:06d}.{fmt}"
+                t0 = time.perf_counter()
+                writer.write(path, r, outputs, b.index)
+                parts_s += time.perf_counter() - t0
+                parts[b.index].append(path)
+            results = work / f"results.{fmt}"
+            t0 = time.perf_counter()
+            assemble(results, list(parts.values()), writer)
+            assemble_s = time.perf_counter() - t0
+            part_bytes = sum(p.stat().st_size for ps in parts.values() for p in ps)
+            report.append({"format": fmt, "rows": plan.points, "parts_s": parts_s, "assemble_s": assemble_s,
+                           "total_s": parts_s + assemble_s, "results_mb": results.stat().st_size / 1e6,
+                           "parts_mb": part_bytes / 1e6})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
 def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str | None = None, devices=None,
-                quiet: bool = False) -> dict:
-    """Run the first ``points`` points of the million-point sweep; wall time, rate, compile time, peak RSS."""
+                quiet: bool = False, write_rows: int = 1_000_000) -> dict:
+    """Run the first ``points`` points of the million-point sweep (wall time, rate, compile time, peak RSS),
+    then time writing ``write_rows`` rows in each output format (:func:`bench_write`; 0 skips it)."""
     import jax
 
     from .. import sweep
@@ -115,6 +198,8 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
                             max_points=points, overwrite=True)
         wall = time.perf_counter() - t0
         size = Path(s.results).stat().st_size if s.results else 0
+        rss_run = peak_rss_mb()
+        write = bench_write(write_rows, s.block_size, tmp) if write_rows else []
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -124,13 +209,13 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
         "buckets": s.buckets, "compiles": s.compiles, "block_size": s.block_size, "micro_batch": s.micro_batch,
         "devices": s.devices, "device_kind": s.device_kind, "wall_s": wall, "compile_s": s.compile_s,
         "points_per_s": s.points / wall, "points_per_s_excluding_compile": s.points / eval_s,
-        "peak_rss_mb": peak_rss_mb(), "rss_before_mb": rss0, "rss_after_jax_init_mb": rss_init,
-        "results_csv_mb": size / 1e6,
+        "peak_rss_mb": rss_run, "rss_before_mb": rss0, "rss_after_jax_init_mb": rss_init,
+        "results_csv_mb": size / 1e6, "write": write,
     }
 
 
 def cmd_bench_sweep(args) -> int:
-    d = bench_sweep(args.points, args.block_size, args.out, args.devices, args.quiet)
+    d = bench_sweep(args.points, args.block_size, args.out, args.devices, args.quiet, args.write_rows)
     if args.json:
         print(json.dumps(d))
         return 0
@@ -141,15 +226,23 @@ def cmd_bench_sweep(args) -> int:
     print(f"  peak RSS         {d['peak_rss_mb']:.0f} MiB (after JAX start-up {d['rss_after_jax_init_mb']:.0f} MiB); "
           f"block size {d['block_size']:,}")
     print(f"  feasible         {d['feasible']:,} of {d['points']:,}")
+    for w in d["write"]:
+        if "skipped" in w:
+            print(f"  write {w['format']:<8}  skipped: {w['skipped']}")
+            continue
+        print(f"  write {w['format']:<8}  {w['rows']:,} rows in {w['total_s']:.1f} s (part files {w['parts_s']:.1f} s, "
+              f"assembly {w['assemble_s']:.1f} s); results {w['results_mb']:.0f} MB, parts {w['parts_mb']:.0f} MB")
     return 0
 
 
 def register(sub, bench_sub) -> None:
-    p = sub.add_parser("sweep", help="run a declared sweep (TOML file; see sweeps/README.md) into CSV",
+    p = sub.add_parser("sweep", help="run a declared sweep (TOML file; see sweeps/README.md) into CSV or Parquet",
                        description="Run a sweep file: every point in a few compiled programs, sharded over all "
-                                   "local devices, written block by block (resumable) to OUT/results.csv.")
+                                   "local devices, written block by block (resumable) to OUT/results.csv "
+                                   "(or OUT/results.parquet, or the .csv/.parquet file --out names).")
     p.add_argument("file", metavar="FILE", help="sweep file (.toml), e.g. sweeps/quick.toml")
-    p.add_argument("--out", "-o", default=None, help="output directory (default sweep-results/NAME)")
+    p.add_argument("--out", "-o", default=None,
+                   help="output directory (default sweep-results/NAME), or a results file NAME.csv / NAME.parquet")
     p.add_argument("--resume", action="store_true", help="skip blocks already written by an earlier run")
     p.add_argument("--overwrite", action="store_true", help="discard an earlier run's files in --out first")
     p.add_argument("--block-size", type=positive_int, default=None,
@@ -158,7 +251,10 @@ def register(sub, bench_sub) -> None:
                    help="stop after about N newly evaluated points (whole blocks); finish later with --resume")
     p.add_argument("--devices", type=positive_int, default=None, help="use only the first N local devices")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.add_argument("--dry-run", action="store_true", help="validate and list the buckets; evaluate nothing")
+    p.add_argument("--format", choices=("csv", "parquet"), default=None,
+                   help="results format (default: the extension of --out when it names a .csv/.parquet file, else csv)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, count points, buckets and blocks (arithmetically); evaluate nothing")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_sweep)
 
@@ -168,6 +264,8 @@ def register(sub, bench_sub) -> None:
     b.add_argument("--block-size", type=positive_int, default=None, help="points per compiled call")
     b.add_argument("--devices", type=positive_int, default=None, help="use only the first N local devices")
     b.add_argument("--out", default=None, help="keep the results here (default: a temporary directory, deleted)")
+    b.add_argument("--write-rows", type=_rows_arg, default=1_000_000,
+                   help="then time writing this many rows as CSV and as Parquet (default 1,000,000; 0 skips)")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench_sweep)

@@ -4,9 +4,12 @@ A chunk of ``c`` tokens for each of ``b`` requests after ``p`` prefix tokens, on
 holding a block of layers: GEMMs (dense, or MoE reading the experts actually touched),
 causal attention over the prefix and the chunk, embedding on the first stage and the LM head
 (one token per request) on the last, each a roofline ``max(FLOPs / (peak x eff), bytes /
-(bandwidth x eff))``; the activation hand-off to the next stage over the route between the two
-dies; and the bytes a stage holds (weights, KV per token, an in-flight item's workspace).  The
-formulas are written against an array namespace ``xp`` (``jax.numpy`` by default, ``numpy`` for
+(bandwidth x eff))`` with a GEMM efficiency that rises with the tokens a GEMM processes
+(:mod:`.efficiency`); the activation hand-off to the next stage over the route between the two
+stages; and the bytes a stage holds (weights, KV per token, an in-flight item's workspace).  A
+stage may run on a group of ``t`` dies (tensor parallelism): every cost is then one die's share
+(:mod:`.tensor_parallel`) plus the group's all-reduces, and ``t = 1`` gives the single-die
+costs exactly.  The formulas are written against an array namespace ``xp`` (``jax.numpy`` by default, ``numpy`` for
 the event-driven reference), so both simulators share one statement of the cost model.
 
 Shapes: ``c``, ``p``, ``b`` broadcast together; stage quantities are ``[N]`` over (padded)
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from . import tensor_parallel as tp
+from .efficiency import DENSE_LAYER_GEMMS, MOE_LAYER_GEMMS, gemm_efficiency
 from .params import HardwareParams, ModelParams, StageLayout
 
 
@@ -48,7 +53,7 @@ def stage_layer_counts(model: ModelParams, num_stages, n_pad: int, xp=jnp):
     return dense.astype(dt), moe.astype(dt)
 
 
-# --------------------------------------------------------------------------- §4 formulas
+# --------------------------------------------------------------------------- per-block formulas
 
 
 def roofline(flops, bytes_, peak, eff_compute, bandwidth, eff_bw, xp=jnp):
@@ -56,19 +61,26 @@ def roofline(flops, bytes_, peak, eff_compute, bandwidth, eff_bw, xp=jnp):
     return xp.maximum(flops / (peak * eff_compute), bytes_ / (bandwidth * eff_bw))
 
 
-def dense_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
-    """Seconds for one dense block on a chunk of ``c`` tokens x ``b`` requests after prefix ``p``."""
+def gemm_time(params, tokens, bytes_, kernels, hw: HardwareParams, xp=jnp):
+    """GEMMs over ``params`` weights (in ``kernels`` kernels) on ``tokens`` tokens reading ``bytes_``."""
+    return roofline(2 * params * tokens, bytes_, hw.peak_flops, gemm_efficiency(tokens, params, kernels, hw, xp),
+                    hw.hbm_bandwidth, hw.eff_hbm, xp)
+
+
+def dense_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp, tensor_parallel=1.0):
+    """Seconds for one dense block on a chunk of ``c`` tokens x ``b`` requests after prefix ``p``
+    (one die's share of a ``tensor_parallel``-die group; collectives excluded)."""
     tokens = b * c
     act = 2 * tokens * model.hidden * hw.activation_bytes
-    gemm = roofline(2 * model.dense_layer_params * tokens, model.dense_layer_params * hw.weight_bytes + act,
-                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
-    return gemm + attention_time(model, hw, c, p, b, xp) + hw.layer_overhead_s
+    params = tp.dense_layer_params_per_die(model, tensor_parallel, xp)
+    gemm = gemm_time(params, tokens, params * hw.weight_bytes + act, DENSE_LAYER_GEMMS, hw, xp)
+    return gemm + attention_time(model, hw, c, p, b, xp, tensor_parallel) + hw.layer_overhead_s
 
 
-def attention_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
-    """Causal attention of a chunk over its prefix and itself, one block."""
-    flops = model.attention_flops_per_pair * b * c * (p + (c + 1) / 2)
-    kv_read = b * (p + c) * model.kv_elements_per_token_layer * hw.kv_bytes
+def attention_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp, tensor_parallel=1.0):
+    """Causal attention of a chunk over its prefix and itself, one block (one die's heads)."""
+    flops = tp.attention_flops_per_pair_per_die(model, tensor_parallel, xp) * b * c * (p + (c + 1) / 2)
+    kv_read = b * (p + c) * tp.kv_elements_per_die(model, tensor_parallel, xp) * hw.kv_bytes
     return roofline(flops, kv_read, hw.peak_flops, hw.eff_attention, hw.hbm_bandwidth, hw.eff_hbm, xp)
 
 
@@ -77,14 +89,16 @@ def experts_touched(model: ModelParams, c, b, xp=jnp):
     return xp.minimum(model.experts, b * c * model.experts_active)
 
 
-def moe_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp):
-    """Seconds for one MoE block: GEMMs of active parameters, weight bytes of touched experts."""
+def moe_layer_time(model: ModelParams, hw: HardwareParams, c, p, b, xp=jnp, tensor_parallel=1.0):
+    """Seconds for one MoE block: GEMMs of active parameters, weight bytes of touched experts
+    (one die's share; collectives excluded)."""
     tokens = b * c
     act = 2 * tokens * model.hidden * hw.activation_bytes
-    weights = (model.moe_static_params + experts_touched(model, c, b, xp) * model.expert_params) * hw.weight_bytes
-    gemm = roofline(2 * model.moe_active_params * tokens, weights + act,
-                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
-    return gemm + attention_time(model, hw, c, p, b, xp) + hw.layer_overhead_s
+    t = tensor_parallel
+    weights = (tp.moe_static_params_per_die(model, t, xp)
+               + experts_touched(model, c, b, xp) * tp.expert_params_per_die(model, t, xp)) * hw.weight_bytes
+    gemm = gemm_time(tp.moe_active_params_per_die(model, t, xp), tokens, weights + act, MOE_LAYER_GEMMS, hw, xp)
+    return gemm + attention_time(model, hw, c, p, b, xp, t) + hw.layer_overhead_s
 
 
 def embedding_time(model: ModelParams, hw: HardwareParams, c, b):
@@ -92,10 +106,10 @@ def embedding_time(model: ModelParams, hw: HardwareParams, c, b):
     return b * c * model.hidden * (hw.weight_bytes + hw.activation_bytes) / (hw.hbm_bandwidth * hw.eff_hbm)
 
 
-def lm_head_time(model: ModelParams, hw: HardwareParams, b, xp=jnp):
-    """LM head for one token per request (prefill-only serving)."""
-    return roofline(2 * model.lm_head_params * b, model.lm_head_params * hw.weight_bytes,
-                    hw.peak_flops, hw.eff_gemm, hw.hbm_bandwidth, hw.eff_hbm, xp)
+def lm_head_time(model: ModelParams, hw: HardwareParams, b, xp=jnp, tensor_parallel=1.0):
+    """LM head for one token per request (prefill-only serving), one die's vocabulary rows."""
+    params = tp.lm_head_params_per_die(model, tensor_parallel, xp)
+    return gemm_time(params, b, params * hw.weight_bytes, 1, hw, xp)
 
 
 def _stage_vector(v, stage_axis: int):
@@ -110,10 +124,22 @@ def _with_stage_axis(x, stage_axis: int):
     return x[..., None] if stage_axis == -1 else x[..., None, :]
 
 
+def _group_ring(hw: HardwareParams, layout: StageLayout, sv, shift: int = 0, xp=jnp):
+    """``(t, step latency, step bandwidth)`` of each stage group's ring (of stage s + ``shift``);
+    ``t`` is the layout's scalar group size."""
+    hops, bw = layout.group_hops, layout.group_bandwidth
+    if shift:
+        hops, bw = xp.roll(hops, -shift), xp.roll(bw, -shift)
+    return layout.tensor_parallel, sv(hops) * hw.link_latency_s, sv(bw) * hw.eff_link
+
+
 def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp,
                  stage_axis: int = -1):
-    """Hand-off delay d[..., s] from stage s to s+1: hops x latency + bytes / effective bandwidth.
+    """Hand-off delay d[..., s] from stage s to s+1.
 
+    ``hops x latency + bytes / effective bandwidth`` over the route between the groups
+    (each of the sender's ``t`` dies sends ``1/t`` of the activations to its counterpart),
+    plus the receiving group's all-gather that reassembles them (none for one die).
     ``c`` and ``b`` have shape ``[...]``; the result is ``[..., N_pad]``, zero for
     ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).  With
     ``stage_axis=-2`` inputs ``[..., C]`` give ``[..., N_pad, C]`` (configurations last).
@@ -123,12 +149,17 @@ def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c,
     s = xp.arange(n_pad)
     live = sv(s < layout.num_stages - 1)
     d = sv(layout.handoff_hops) * hw.link_latency_s + bytes_ / (sv(layout.handoff_bandwidth) * hw.eff_link)
+    d = d + tp.all_gather_time(bytes_, *_group_ring(hw, layout, sv, 1, xp), xp=xp)
     return xp.where(live, d, 0.0)
 
 
 def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp,
                 stage_axis: int = -1):
     """Time of each item on each stage, ``t[..., N_pad]`` in seconds.
+
+    A stage group's time is one die's share of every block plus two all-reduces of the
+    block's activations per block (and one after the embedding on stage 0, an all-gather of
+    the logits after the LM head on stage N-1).
 
     Args:
       c, p, b: ``[...]`` chunk tokens, prefix tokens, requests of each item.
@@ -139,37 +170,80 @@ def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, 
     """
     sv = lambda v: _stage_vector(v, stage_axis)
     dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
-    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
-    t = dense * dense_layer_time(model, hw, cc, pp, bb, xp) + moe * moe_layer_time(model, hw, cc, pp, bb, xp)
+    t_group = layout.tensor_parallel
+    # the block formulas depend on the item only (one group size for every stage), so they run
+    # once per item and broadcast over the stage axis; only the rings differ from stage to stage
+    on_stages = lambda x: _with_stage_axis(x, stage_axis)
+    dense_block = on_stages(dense_layer_time(model, hw, c, p, b, xp, t_group))
+    moe_block = on_stages(moe_layer_time(model, hw, c, p, b, xp, t_group))
+    ring = _group_ring(hw, layout, sv, 0, xp)
+    activations = on_stages(b * c * model.hidden * hw.activation_bytes)
+    reduce = tp.all_reduce_time(activations, *ring, xp=xp)
+    t = dense * (dense_block + 2 * reduce) + moe * (moe_block + 2 * reduce)
     s = sv(xp.arange(n_pad))
-    t = t + xp.where(s == 0, embedding_time(model, hw, cc, bb), 0.0)
-    head = xp.where(_with_stage_axis(last, stage_axis), lm_head_time(model, hw, bb, xp), 0.0)
+    t = t + xp.where(s == 0, on_stages(embedding_time(model, hw, c, b)) + reduce, 0.0)
+    logits = tp.all_gather_time(on_stages(b * model.vocab * hw.activation_bytes), *ring, xp=xp)
+    head = xp.where(on_stages(last), on_stages(lm_head_time(model, hw, b, xp, t_group)) + logits, 0.0)
     t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
     return xp.where(s < layout.num_stages, t, 0.0)
 
 
-def stage_weight_bytes(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp):
-    """Weight bytes held by each stage, ``[N_pad]`` (embedding on stage 0, LM head on stage N-1)."""
+def stage_weight_bytes(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp, tensor_parallel=1.0):
+    """Weight bytes held by each die of each stage, ``[N_pad]`` (embedding on stage 0, LM head on
+    stage N-1); ``tensor_parallel``: dies per stage group."""
     dense, moe = stage_layer_counts(model, num_stages, n_pad, xp)
+    t = tensor_parallel
     s = xp.arange(n_pad)
-    params = dense * model.dense_layer_params + moe * model.moe_layer_params
-    params = params + xp.where(s == 0, model.embedding_params, 0.0)
-    params = params + xp.where(s == num_stages - 1, model.lm_head_params, 0.0)
+    params = dense * tp.dense_layer_params_per_die(model, t, xp) + moe * tp.moe_layer_params_per_die(model, t, xp)
+    params = params + xp.where(s == 0, tp.embedding_params_per_die(model, t, xp), 0.0)
+    params = params + xp.where(s == num_stages - 1, tp.lm_head_params_per_die(model, t, xp), 0.0)
     return params * hw.weight_bytes
 
 
-def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp):
-    """KV bytes one token of one request adds to each stage, ``[N_pad]``."""
+def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages, n_pad: int, xp=jnp,
+                             tensor_parallel=1.0):
+    """KV bytes one token of one request adds to each die of each stage, ``[N_pad]``."""
     dense, moe = stage_layer_counts(model, num_stages, n_pad, xp)
-    return (dense + moe) * model.kv_elements_per_token_layer * hw.kv_bytes
+    return (dense + moe) * tp.kv_elements_per_die(model, tensor_parallel, xp) * hw.kv_bytes
 
 
-def item_workspace_bytes(model: ModelParams, hw: HardwareParams, kv_per_token, c, b, stage_axis: int = -1):
-    """Workspace of an in-flight item on each stage: its own KV + activation buffers, ``[..., N_pad]``
-    (``stage_axis`` as in :func:`stage_times`)."""
+def item_activation_bytes(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, last, n_pad: int,
+                          xp=jnp, stage_axis: int = -1):
+    """Activation buffers of an in-flight item on each stage, ``[..., N_pad]`` bytes.
+
+    A stage runs its blocks one after another and reuses their buffers, so an item needs the
+    largest block's buffers (the KV it writes is counted apart, as KV):
+
+    * an attention block runs over the whole chunk of ``b x c`` request-tokens and holds, per
+      token, the residual stream, the queries and the attention output
+      (``ModelParams.attention_buffer_elements``; FlashAttention-style kernels never hold the
+      score matrix);
+    * an MLP block holds the residual stream of the whole chunk and the intermediates of
+      ``min(b x c, mlp_token_tile)`` tokens (the whole chunk when the tile is 0): gate and up
+      projections and the output (``*_mlp_buffer_elements``).  Engines for prefill-only serving run the MLP over token tiles
+      while attention stays whole (PrefillOnly's hybrid prefilling), because the MLP
+      intermediates are the largest tensors of a prefill;
+    * on the last stage the LM head's logits for one token per request (``b x vocab``), on the
+      item that ends its requests.
+
+    Under tensor parallelism over ``t`` dies the residual stream is whole on every die while the
+    head and FFN parts are split ``t`` ways (Megatron sharding): the bytes are per die.  Everything is
+    scaled by ``activation_buffer_scale`` and stored at ``activation_bytes``.
+    """
+    sv = lambda v: _stage_vector(v, stage_axis)
+    dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
+    t_group = layout.tensor_parallel
     tokens = _with_stage_axis(b * c, stage_axis)
-    return tokens * _stage_vector(kv_per_token, stage_axis) + \
-        hw.activation_workspace_factor * tokens * model.hidden * hw.activation_bytes
+    bb = _with_stage_axis(b, stage_axis)
+    tile = xp.where(hw.mlp_token_tile > 0, xp.minimum(tokens, hw.mlp_token_tile), tokens)
+    mlp = xp.maximum(xp.where(dense > 0, model.dense_mlp_buffer_elements, 0.0),
+                     xp.where(moe > 0, model.moe_mlp_buffer_elements, 0.0))
+    s = sv(xp.arange(n_pad))
+    head = xp.where((s == layout.num_stages - 1) & _with_stage_axis(last, stage_axis), bb * model.vocab, 0.0)
+    attention = model.hidden + (model.attention_buffer_elements - model.hidden) / t_group
+    mlp = model.hidden + (mlp - model.hidden) / t_group
+    elements = xp.maximum(tokens * attention, tokens * model.hidden + tile * mlp) + head
+    return xp.where(s < layout.num_stages, hw.activation_buffer_scale * elements * hw.activation_bytes, 0.0)
 
 
 def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp,
@@ -177,5 +251,5 @@ def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageL
     """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap;
     ``stage_axis`` as in :func:`stage_times`)."""
     dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
-    cc, pp, bb = (_with_stage_axis(x, stage_axis) for x in (c, p, b))
-    return _stage_vector(dense + moe, stage_axis) * attention_time(model, hw, cc, pp, bb, xp)
+    block = attention_time(model, hw, c, p, b, xp, layout.tensor_parallel)
+    return _stage_vector(dense + moe, stage_axis) * _with_stage_axis(block, stage_axis)

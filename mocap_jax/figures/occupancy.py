@@ -19,7 +19,7 @@ def run_occupancy(model="llama3-70b", hardware="mocap-4x4", seq_len=5_600_000, c
     t = api.simulate(model, hardware, seq_len, "terapipe", **kw)
     m = api.simulate(model, hardware, seq_len, "mbkr", **kw, **mbkr)
     return {"terapipe_times": t.timeline_times, "terapipe_kv": t.timeline_kv_bytes, "mbkr_times": m.timeline_times,
-            "mbkr_kv": m.timeline_kv_bytes, "budget": m.extra["kv_budget_bytes_per_stage"],
+            "mbkr_kv": m.timeline_kv_bytes, "budget": m.capacity_bytes - m.weight_bytes_per_stage,
             "terapipe_feasible": t.feasible, "mbkr_feasible": m.feasible, "spilled_bytes": m.extra["spilled_bytes"],
             "model": t.model, "hardware": t.hardware, "seq_len": seq_len, "batch": batch, "chunks": chunks}
 

@@ -2,6 +2,7 @@
 
 * :mod:`.model` -- :class:`ModelSpec` and the model presets;
 * :mod:`.hardware` -- :class:`HardwareSpec`, the MOCAP wafer and GPU-node presets;
+* :mod:`.gpus` -- the GPU datasheet figures behind the GPU-node presets, with their sources;
 * :mod:`.mesh` -- die grid geometry and dimension-order (XY) routing;
 * :mod:`.lookup` -- resolving preset names, ``mocap-RxC`` meshes and JSON/TOML spec files;
 * :mod:`.checks` -- the validation layer shared by the API, the CLI, spec and sweep files.

@@ -8,10 +8,10 @@ presets.  Units: bytes, seconds, FLOP/s and bytes/s.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import checks
 from .checks import SpecError
 
 
@@ -21,23 +21,33 @@ class HardwareSpec:
 
     Dies form a ``rows x (cols * wafers)`` grid; wafers sit side by side along the
     column axis and the links that cross a wafer boundary have
-    ``cross_wafer_bandwidth``.  ``topology="switch"`` models a GPU node where every
-    pair of devices is one hop apart over the switch (NVLink).
+    ``cross_wafer_bandwidth``.  ``topology="switch"`` models GPU nodes: every pair of
+    devices is one hop apart, over the NVLink switch inside a node (``cols`` GPUs) and
+    over the nodes' network between nodes (``wafers`` nodes, ``cross_wafer_bandwidth``).
 
     Attributes (per die / device):
       peak_flops: dense peak FLOP/s at the simulated precision.
       hbm_capacity: bytes of HBM.
       hbm_bandwidth: HBM bytes/s.
       link_bandwidth: bytes/s per direction per neighbour link (D2D or NVLink).
-      cross_wafer_bandwidth: bytes/s per direction of a link crossing wafers.
+      cross_wafer_bandwidth: bytes/s per direction of a link crossing wafers (on a
+        switch: of a GPU's network port to another node).
       link_latency_s: seconds per hop.
       eff_gemm, eff_attention, eff_hbm, eff_link: achieved / peak.
       usable_hbm_fraction: share of HBM the runtime may fill.
       weight_bytes, kv_bytes, activation_bytes: storage precision per element.
-      activation_workspace_factor: activation buffers of an in-flight item, in
-        units of ``tokens x hidden x activation_bytes``.
+      mlp_token_tile: tokens the engine runs the MLP (and LM head) over at a time, so their
+        intermediate tensors are bounded by the tile rather than by the chunk (hybrid
+        prefilling); 0 runs them over the whole chunk (untiled).  Attention always runs over
+        the whole chunk.  See :func:`mocap_jax.costs.stage.item_activation_bytes`.
+      activation_buffer_scale: multiplier on those activation buffers (1 = the tensors stated
+        there, 0 = activations take no memory).
       layer_overhead_s: fixed seconds per transformer block per item (kernel
         launches, synchronisation); 0 by default, fitted by ``mocap-jax calibrate``.
+      gemm_fixed_s: fixed seconds of one GEMM kernel (launch, pipeline fill, tail wave),
+        which makes GEMM efficiency rise with the tokens a GEMM processes
+        (:mod:`mocap_jax.costs.efficiency`); the default is fitted to the Vidur A100 and
+        H100 operator profiles (docs/cost_model.md); 0 gives a flat ``eff_gemm``.
     """
 
     name: str
@@ -59,29 +69,34 @@ class HardwareSpec:
     weight_bytes: float = 2.0
     kv_bytes: float = 2.0
     activation_bytes: float = 2.0
-    activation_workspace_factor: float = 8.0
+    mlp_token_tile: int = 4096
+    activation_buffer_scale: float = 1.0
     layer_overhead_s: float = 0.0
+    gemm_fixed_s: float = 9.6e-6
     description: str = ""
 
     def __post_init__(self):
+        where = f"hardware {self.name!r}"
         for f in ("rows", "cols", "wafers"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"hardware {self.name!r}: {f} must be a positive integer, got {v!r}")
-        if self.topology not in ("mesh", "switch"):
-            raise SpecError(f"hardware {self.name!r}: topology must be 'mesh' or 'switch', got {self.topology!r}")
-        for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth",
-                  "weight_bytes", "kv_bytes", "activation_bytes"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
-                raise SpecError(f"hardware {self.name!r}: {f} must be a positive number, got {v!r}")
+            checks.integer(f"{where}: {f}", getattr(self, f), 1, checks.LIMITS["dies"])
+        if self.num_dies > checks.LIMITS["dies"]:
+            raise SpecError(f"{where}: {self.num_dies:,} dies exceed the largest mesh the simulator represents, "
+                            f"{checks.LIMITS['dies']:,} dies")
+        checks.choice(f"{where}: topology", self.topology, ("mesh", "switch"))
+        for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth"):
+            checks.positive(f"{where}: {f}", getattr(self, f))
+        for f in ("weight_bytes", "kv_bytes", "activation_bytes"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, 16.0, lo_open=True,
+                          hint=" Bytes per stored element, e.g. 2 for BF16, 1 for FP8.")
         for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link", "usable_hbm_fraction"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise SpecError(f"hardware {self.name!r}: {f} must be in (0, 1], got {v!r}")
-        if self.link_latency_s < 0 or self.activation_workspace_factor < 0 or self.layer_overhead_s < 0:
-            raise SpecError(f"hardware {self.name!r}: link_latency_s, activation_workspace_factor and "
-                            f"layer_overhead_s must be >= 0")
+            checks.fraction(f"{where}: {f}", getattr(self, f), open_low=True)
+        for f in ("link_latency_s", "layer_overhead_s", "gemm_fixed_s"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, checks.LIMITS["latency_s"])
+        checks.integer(f"{where}: mlp_token_tile", self.mlp_token_tile, 0, checks.LIMITS["seq_len"],
+                       hint=" Tokens per MLP tile, or 0 for untiled.")
+        checks.number(f"{where}: activation_buffer_scale", self.activation_buffer_scale, 0.0, 64.0)
+        if not isinstance(self.description, str):
+            raise SpecError(f"{where}: description must be a string")
 
     @property
     def grid_cols(self) -> int:
@@ -128,18 +143,42 @@ def mocap_wafer(rows: int = 4, cols: int = 4, wafers: int = 1, **changes) -> Har
                         **changes)
 
 
-def gpu_node(kind: str, gpus: int = 8) -> HardwareSpec:
-    """A node of ``gpus`` GPUs behind an NVLink switch (every pair one hop)."""
-    table = {
-        # peak dense, HBM bytes, HBM B/s, NVLink B/s per direction, GEMM eff, attention eff
-        "b200": (2.25e15, 180e9, 7.7e12, 900e9, 0.78, 0.71, "B200 BF16 dense, NVLink 5"),
-        "h100": (0.989e15, 80e9, 3.35e12, 450e9, 0.80, 0.75, "H100 SXM BF16 dense, NVLink 4"),
-        "a100": (312e12, 80e9, 2.039e12, 300e9, 0.80, 0.70, "A100 SXM 80GB BF16 dense, NVLink 3"),
-    }
-    peak, cap, bw, link, eg, ea, desc = table[kind]
-    return HardwareSpec(name=f"{kind}-x{gpus}", rows=1, cols=gpus, topology="switch", peak_flops=peak,
-                        hbm_capacity=cap, hbm_bandwidth=bw, link_bandwidth=link, cross_wafer_bandwidth=link,
-                        link_latency_s=1e-6, eff_gemm=eg, eff_attention=ea, eff_link=0.85, description=desc)
+PRECISIONS = ("bf16", "fp8")
+
+
+def gpu_node(kind: str, gpus: int | None = None, nodes: int = 1, precision: str = "bf16") -> HardwareSpec:
+    """``nodes`` NVLink domains of ``gpus`` GPUs each (default: the product's node size).
+
+    GPUs of one node are one hop apart over the NVLink switch (per-direction NVLink
+    bandwidth); GPUs of different nodes over their scale-out NICs (``cross_wafer_bandwidth``).
+    ``precision="fp8"`` runs GEMMs at the dense FP8 peak with 1-byte weights while attention
+    stays at BF16 (as in the FlashAttention kernels engines use), so ``eff_attention`` is
+    expressed against the FP8 peak; KV and activations stay 2 bytes.  Figures and their
+    sources: :data:`mocap_jax.specs.gpus.GPUS`.
+    """
+    from .checks import choice, integer
+    from .gpus import GPUS
+
+    d = GPUS[choice("GPU", kind, tuple(GPUS))]
+    gpus = d.node_gpus if gpus is None else integer("gpus", gpus, 1)
+    if gpus > d.node_gpus:
+        raise SpecError(f"one {d.product} node holds up to {d.node_gpus} GPUs, got gpus={gpus}; "
+                        f"use nodes=... (or KIND-x{d.node_gpus}xNn) for more")
+    nodes = integer("nodes", nodes, 1)
+    choice("precision", precision, PRECISIONS)
+    peak, weight_bytes, eff_attention = d.bf16_flops, 2.0, d.eff_attention
+    if precision == "fp8":
+        if d.fp8_flops is None:
+            raise SpecError(f"{d.product} has no FP8 tensor cores; use precision='bf16'")
+        peak, weight_bytes, eff_attention = d.fp8_flops, 1.0, d.eff_attention * d.bf16_flops / d.fp8_flops
+    name = f"{kind}-x{gpus}" + (f"x{nodes}n" if nodes > 1 else "") + ("-fp8" if precision == "fp8" else "")
+    return HardwareSpec(name=name, rows=1, cols=gpus, wafers=nodes, topology="switch", peak_flops=peak,
+                        hbm_capacity=d.hbm_capacity, hbm_bandwidth=d.hbm_bandwidth,
+                        link_bandwidth=d.nvlink_bandwidth, cross_wafer_bandwidth=d.network_bandwidth,
+                        link_latency_s=1e-6, eff_gemm=d.eff_gemm, eff_attention=eff_attention, eff_link=0.85,
+                        weight_bytes=weight_bytes,
+                        description=f"{d.product}, {precision.upper()} dense"
+                                    + (f", {nodes} nodes" if nodes > 1 else ""))
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
@@ -151,8 +190,11 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         mocap_wafer(6, 6),
         mocap_wafer(8, 8),
         mocap_wafer(4, 4, wafers=2),
-        gpu_node("b200"),
-        gpu_node("h100"),
         gpu_node("a100"),
+        gpu_node("h100"),
+        gpu_node("h200"),
+        gpu_node("h20"),
+        gpu_node("b200"),
+        gpu_node("gb200"),
     ]
 }

@@ -9,8 +9,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from .checks import SpecError, suggest
-from .hardware import HARDWARE_PRESETS, HardwareSpec, mocap_wafer
+from .checks import LIMITS, SpecError, suggest
+from .gpus import GPUS
+from .hardware import HARDWARE_PRESETS, HardwareSpec, gpu_node, mocap_wafer
 from .model import MODEL_ALIASES, MODEL_PRESETS, ModelSpec
 
 
@@ -25,6 +26,18 @@ def _load_file(path: Path) -> Mapping[str, Any]:
         return json.loads(text.decode("utf-8-sig"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SpecError(f"spec file {str(path)!r} is not valid {path.suffix.lstrip('.').upper() or 'JSON'}: {e}") from None
+    except RecursionError:
+        raise SpecError(f"spec file {str(path)!r} nests too deeply to be a spec: a spec is one table of fields") from None
+
+
+def _spec_table(data: Any, key: str, origin: str) -> Mapping[str, Any]:
+    """The table of fields in a loaded spec file: the whole file, or its ``[key]`` table."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{origin}: a spec file holds one table/object of fields, got {type(data).__name__}")
+    table = data.get(key, data)
+    if not isinstance(table, Mapping):
+        raise SpecError(f"{origin}: [{key}] must be a table/object of fields, got {type(table).__name__}")
+    return table
 
 
 def _from_mapping(cls, data: Mapping[str, Any], origin: str):
@@ -45,7 +58,10 @@ def _from_mapping(cls, data: Mapping[str, Any], origin: str):
     for f in dataclasses.fields(cls):
         if f.name in kwargs and f.type in ("float", "float | None") and isinstance(kwargs[f.name], int) \
                 and not isinstance(kwargs[f.name], bool):
-            kwargs[f.name] = float(kwargs[f.name])
+            try:
+                kwargs[f.name] = float(kwargs[f.name])
+            except OverflowError:
+                raise SpecError(f"{origin}: {f.name} = {kwargs[f.name]} is too large to represent") from None
     try:
         return cls(**kwargs)
     except SpecError as e:
@@ -62,7 +78,18 @@ def _parse_mesh_name(name: str) -> HardwareSpec | None:
     r, c, w = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
     if min(r, c, w) <= 0:
         raise SpecError(f"hardware {name!r}: rows, cols and wafers must be positive")
+    if r * c * w > LIMITS["dies"]:
+        raise SpecError(f"hardware {name!r}: {r * c * w:,} dies exceed the largest mesh the simulator represents, "
+                        f"{LIMITS['dies']:,} dies; use a smaller mesh")
     return mocap_wafer(r, c, wafers=w)
+
+
+def _parse_gpu_name(name: str) -> HardwareSpec | None:
+    """``KIND-xG``, ``KIND-xGxNn`` (N nodes) and either with ``-fp8`` (e.g. ``h100-x4``, ``h20-x8x4n-fp8``)."""
+    m = re.fullmatch(r"([a-z0-9]+)-x(\d+)(?:x(\d+)n)?(-fp8)?", name)
+    if not m or m.group(1) not in GPUS:
+        return None
+    return gpu_node(m.group(1), int(m.group(2)), int(m.group(3) or 1), "fp8" if m.group(4) else "bf16")
 
 
 def get_model(name_or_spec: "str | ModelSpec | Path") -> ModelSpec:
@@ -77,13 +104,14 @@ def get_model(name_or_spec: "str | ModelSpec | Path") -> ModelSpec:
     p = Path(name)
     if p.suffix.lower() in (".json", ".toml"):
         data = _load_file(p)
-        return _from_mapping(ModelSpec, data.get("model", data), str(p))
+        return _from_mapping(ModelSpec, _spec_table(data, "model", str(p)), str(p))
     raise SpecError(f"unknown model {name!r}.{suggest(key, list(MODEL_PRESETS) + list(MODEL_ALIASES), 0.4)} "
                     f"Run `mocap-jax models` for the list, or pass a .json/.toml spec file.")
 
 
 def get_hardware(name_or_spec: "str | HardwareSpec | Path") -> HardwareSpec:
-    """Resolve a preset name (also any ``mocap-RxC`` / ``mocap-RxCxWw``), a spec file, or a HardwareSpec."""
+    """Resolve a preset name (also any ``mocap-RxC`` / ``mocap-RxCxWw``, and GPU nodes ``KIND-xG[xNn][-fp8]``
+    such as ``h100-x4`` or ``h20-x8x4n-fp8``), a spec file, or a HardwareSpec."""
     if isinstance(name_or_spec, HardwareSpec):
         return name_or_spec
     name = str(name_or_spec)
@@ -93,9 +121,12 @@ def get_hardware(name_or_spec: "str | HardwareSpec | Path") -> HardwareSpec:
     mesh = _parse_mesh_name(key)
     if mesh is not None:
         return mesh
+    gpus = _parse_gpu_name(key)
+    if gpus is not None:
+        return gpus
     p = Path(name)
     if p.suffix.lower() in (".json", ".toml"):
         data = _load_file(p)
-        return _from_mapping(HardwareSpec, data.get("hardware", data), str(p))
+        return _from_mapping(HardwareSpec, _spec_table(data, "hardware", str(p)), str(p))
     raise SpecError(f"unknown hardware {name!r}.{suggest(key, HARDWARE_PRESETS, 0.4)} "
-                    f"Run `mocap-jax hardware` for the list, use mocap-RxC for any mesh, or pass a .json/.toml spec file.")
+                    f"Run `mocap-jax hardware` for the list, use mocap-RxC for any mesh, KIND-xG[xNn][-fp8] for GPU nodes (e.g. h100-x4), or pass a .json/.toml spec file.")

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from . import checks
 from .checks import SpecError
 
 
@@ -64,22 +65,32 @@ class ModelSpec:
     published_active_params: float | None = None
 
     def __post_init__(self):
-        for f in ("layers", "hidden", "ffn", "q_heads", "kv_heads", "head_dim", "vocab"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
-        if self.attention not in ("gqa", "mla"):
-            raise SpecError(f"model {self.name!r}: attention must be 'gqa' or 'mla', got {self.attention!r}")
+        where = f"model {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"model name must be a non-empty string, got {self.name!r}")
+        dim = checks.LIMITS["model_dim"]
+        checks.integer(f"{where}: layers", self.layers, 1, checks.LIMITS["layers"])
+        for f in ("hidden", "ffn", "q_heads", "kv_heads", "head_dim", "vocab"):
+            checks.integer(f"{where}: {f}", getattr(self, f), 1, dim)
+        for f in ("experts", "experts_active", "shared_experts", "dense_layers", "dense_ffn", "q_lora_rank",
+                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            checks.integer(f"{where}: {f}", getattr(self, f), 0, dim)
+        checks.flag(f"{where}: tied_embeddings", self.tied_embeddings)
+        checks.choice(f"{where}: attention", self.attention, ("gqa", "mla"))
+        for f in ("published_params", "published_active_params"):
+            if getattr(self, f) is not None:
+                checks.positive(f"{where}: {f}", getattr(self, f), 1e15)
         if self.attention == "gqa" and self.q_heads % self.kv_heads:
-            raise SpecError(f"model {self.name!r}: q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.attention == "mla" and min(self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim) <= 0:
-            raise SpecError(f"model {self.name!r}: MLA needs positive kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
-        if self.experts < 0 or self.experts_active < 0 or self.experts_active > self.experts:
-            raise SpecError(f"model {self.name!r}: need 0 <= experts_active <= experts, got {self.experts_active} of {self.experts}")
+            raise SpecError(f"{where}: q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.attention == "mla" and min(self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                                           self.v_head_dim) <= 0:
+            raise SpecError(f"{where}: MLA needs positive kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
+        if self.experts_active > self.experts:
+            raise SpecError(f"{where}: need experts_active <= experts, got {self.experts_active} of {self.experts}")
         if self.experts and not self.experts_active:
-            raise SpecError(f"model {self.name!r}: an MoE model needs experts_active >= 1")
-        if not 0 <= self.dense_layers <= self.layers:
-            raise SpecError(f"model {self.name!r}: dense_layers must be in [0, layers]")
+            raise SpecError(f"{where}: an MoE model needs experts_active >= 1")
+        if self.dense_layers > self.layers:
+            raise SpecError(f"{where}: dense_layers ({self.dense_layers}) must not exceed layers ({self.layers})")
 
     # ---- derived: attention
     @property
@@ -129,6 +140,19 @@ class ModelSpec:
     def attention_flops_per_pair(self) -> int:
         """FLOPs of one (query token, key token) pair in one layer: 2*q_heads*(qk + v)."""
         return 2 * self.q_heads * (self.qk_head_dim + self.v_dim)
+
+    @property
+    def attention_buffer_elements(self) -> int:
+        """Activation elements per token an attention block holds while it runs over a chunk:
+        the residual stream (hidden), the queries and the attention output (q_heads x head widths)."""
+        return self.hidden + self.q_heads * (self.qk_head_dim + self.v_dim)
+
+    def mlp_buffer_elements(self, moe: bool) -> int:
+        """Activation elements per token of an MLP block's intermediates: gate and up projections of
+        every expert the token uses (2 x width each), the output (hidden), and router logits (MoE)."""
+        if moe:
+            return 2 * (self.experts_active + self.shared_experts) * self.ffn + self.hidden + self.experts
+        return 2 * (self.dense_ffn or self.ffn) + self.hidden
 
     # ---- derived: MLP
     @property
@@ -238,6 +262,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   published_params=671e9, published_active_params=37e9),
         # WSC-LLM's small model class.
         ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 128, 32000, published_params=6.74e9),
+        # Llama-2-70B (GQA, 32k vocabulary): the model of published TensorRT-LLM / LMDeploy measurements.
+        ModelSpec("llama2-70b", 80, 8192, 28672, 64, 8, 128, 32000, published_params=69.0e9),
     ]
 }
 

@@ -1,9 +1,14 @@
-"""Validation of the simulator (DESIGN §9).
+"""Validation of the simulator.
 
-* :mod:`.reference` -- an independent event-driven (SimPy) reference simulator;
-* :mod:`.agreement` -- the vectorised simulator against the reference over random configurations;
-* :mod:`.calibrate` -- the §4 cost model against measured chunked-prefill execution;
-* :mod:`.cli` -- ``mocap-jax validate`` and ``mocap-jax bench reference``.
+* :mod:`.reference` -- an independent event-driven reference simulator of ``docs/semantics.md``;
+* :mod:`.agreement` -- the vectorised evaluator against the reference where their semantics are
+  identical, over random configurations;
+* :mod:`.agreement_mbkr` -- the array program's MBKR against the reference near the memory limit;
+* :mod:`.benchmark` -- the speed of the vectorised evaluator against the reference;
+* :mod:`.calibrate` -- the cost model against measured chunked-prefill execution;
+* :mod:`.profiles` -- the cost model against measured GPU operator profiles (Vidur CSV layout);
+* :mod:`.published` -- the simulator against published end-to-end prefill measurements.
 
-Submodules are imported on demand (the reference needs SimPy, calibration runs JAX models).
+``mocap-jax validate`` and ``mocap-jax bench reference`` (:mod:`mocap_jax.cli.validate`) run them.
+Submodules are imported on demand (calibration runs JAX models).
 """

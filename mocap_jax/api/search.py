@@ -1,0 +1,141 @@
+"""Feasibility searches: the largest batch B' and the longest sequence that fit (vectorised brackets)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
+from ..prefill.batch import evaluate_points
+from ..prefill.evaluate import Point
+from ..schedule.items import ItemTable, chunked_items, gpipe_items, pad_items, uniform_partitions
+from ..schedule.shape import bucket
+from ..specs import LIMITS, SpecError, checks
+from .config import Config, resolve
+
+#: candidates evaluated together in one round of a bracket search
+GRID = 64
+
+
+def largest_true(feasible_fn, lo: int, hi: int, grid: int = GRID) -> int:
+    """Largest x in ``[lo, hi]`` with ``feasible_fn(x)`` true, assuming feasibility is monotone (true, then false).
+
+    Each round evaluates ``grid`` candidates in one vectorised call (same shape, so one compiled
+    program) and narrows the bracket; returns ``lo - 1`` if none is feasible.
+    """
+    best = lo - 1
+    while lo <= hi:
+        if hi - lo + 1 <= grid:
+            cand = np.arange(lo, hi + 1)
+        else:
+            spaced = np.geomspace(lo, hi, grid) if lo > 0 else np.linspace(lo, hi, grid)
+            cand = np.unique(np.round(spaced).astype(np.int64))
+        cand = np.concatenate([cand, np.full(grid - len(cand), cand[-1])])
+        ok = np.asarray(feasible_fn(cand), bool)
+        if not ok[0]:
+            return best
+        i = int(np.max(np.nonzero(ok)[0]))
+        best = int(cand[i])
+        if cand[i] == cand[-1]:
+            return best
+        lo, hi = int(cand[i]) + 1, int(cand[np.searchsorted(cand, cand[i], side="right")]) - 1
+    return best
+
+
+def _items_axes(point: Point, items: ItemTable):
+    """``(points, axes)`` evaluating the stacked ``items`` against ``point``'s other numbers."""
+    pts = Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)
+    none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
+    axes = Point(items=jax.tree_util.tree_map(lambda _: 0, items), model=none(point.model),
+                 hardware=none(point.hardware), layout=none(point.layout), mbkr=none(point.mbkr))
+    return pts, axes
+
+
+def feasible_batches(cfg: Config, batches: np.ndarray, slots: int) -> np.ndarray:
+    """Whether ``cfg`` fits at each of ``batches`` (``slots`` item slots for every candidate)."""
+    batches = np.asarray(batches, np.int64)
+    if cfg.scheme == "gpipe":
+        items = gpipe_items(cfg.seq_len, batches, cfg.microbatch, slots)
+    else:
+        items = pad_items(chunked_items(np.broadcast_to(cfg.partition, (len(batches), len(cfg.partition))), batches),
+                          slots)
+    pts, axes = _items_axes(cfg.point(slots), items)
+    out = evaluate_points(pts, cfg.shape(slots), axes, len(batches), ("feasible",))
+    return out["feasible"]
+
+
+def largest_feasible_batch(cfg: Config, max_batch: int) -> int:
+    """B': the largest batch in ``[1, max_batch]`` that fits (0 if none)."""
+    slots = bucket(-(-max_batch // cfg.microbatch)) if cfg.scheme == "gpipe" else bucket(len(cfg.partition))
+    return max(largest_true(lambda b: feasible_batches(cfg, b, slots), 1, int(max_batch)), 0)
+
+
+def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks: int | None = None,
+                       partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
+                       microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
+                       max_batch: int = 1024, pairing: str = "cross-half", p1: float = DEFAULT_P1,
+                       p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP, spill: str = "overflow",
+                       tp: int = 1) -> int:
+    """Largest batch B' (requests) whose every stage fits its usable HBM at every instant; 0 if even B = 1 does not.
+
+    A vectorised bracket search over B in ``[1, max_batch]`` (feasibility is monotone in B: KV and
+    activations grow with it).
+    """
+    limit = checks.integer("max_batch", max_batch, 1, LIMITS["batch"])
+    cfg = resolve(model, hardware, seq_len, scheme, chunks=chunks, batch=1, partition=partition, release=release,
+                  admission=admission, num_batches=num_batches, microbatch=microbatch, placement=placement,
+                  stages=stages, dtype=dtype, pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill,
+                  tp=tp)
+    if cfg.scheme == "gpipe" and -(-limit // cfg.microbatch) > LIMITS["chunks"]:
+        raise SpecError(f"max_batch {limit} needs {-(-limit // cfg.microbatch)} GPipe microbatches, more than the "
+                        f"{LIMITS['chunks']} items a batch holds; use a larger microbatch or a smaller max_batch")
+    return largest_feasible_batch(cfg, limit)
+
+
+def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: int = 16, batch: int = 1,
+                         release: str = "stage", admission: str = "streaming", num_batches: int = 2,
+                         microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
+                         granularity: int = 1, max_seq_len: int = 1 << 24, pairing: str = "cross-half",
+                         p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
+                         spill: str = "overflow", fractions=None, tp: int = 1) -> int:
+    """Longest prompt S (a multiple of ``granularity``, at most ``max_seq_len``) that fits.
+
+    Chunked schemes use ``chunks`` uniform chunks, or the chunk-size ``fractions`` (summing to 1)
+    scaled to each S.  A vectorised bracket search; 0 if even the shortest does not fit.
+    """
+    M = checks.integer("chunks", chunks, 1, LIMITS["chunks"])
+    g = checks.integer("granularity", granularity, 1, LIMITS["seq_len"])
+    top = checks.integer("max_seq_len", max_seq_len, 1, LIMITS["seq_len"],
+                         f" The simulator represents prompts of up to {LIMITS['seq_len']:,} tokens.")
+    cfg = resolve(model, hardware, max(M, g), scheme, chunks=M, batch=batch, release=release, admission=admission,
+                  num_batches=num_batches, microbatch=microbatch, placement=placement, stages=stages, dtype=dtype,
+                  pairing=pairing, p1=p1, p2=p2, read_overlap=read_overlap, spill=spill, tp=tp)
+    lo = 1 if scheme == "gpipe" else -(-M // g)
+    hi = top // g
+    if hi < lo:
+        raise SpecError(f"max_seq_len={top} is below the shortest sequence {lo * g} for {M} chunks")
+    frac = None if fractions is None else np.asarray(fractions, np.float64)
+    slots = bucket(-(-cfg.batch // cfg.microbatch)) if scheme == "gpipe" else bucket(M)
+
+    def feasible(units):
+        seqs = np.asarray(units, np.int64) * g
+        if scheme == "gpipe":
+            items = gpipe_items(seqs, cfg.batch, cfg.microbatch, slots)
+        else:
+            parts = uniform_partitions(seqs, M) if frac is None else scaled_partitions(frac, seqs)
+            items = pad_items(chunked_items(parts, np.full(len(seqs), cfg.batch)), slots)
+        pts, axes = _items_axes(cfg.point(slots), items)
+        return evaluate_points(pts, cfg.shape(slots), axes, len(seqs), ("feasible",))["feasible"]
+
+    return max(largest_true(feasible, lo, hi), 0) * g
+
+
+def scaled_partitions(fractions: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Chunk-size fractions scaled to each sequence length, ``[P, M]`` (rows sum exactly; chunks >= 1 token)."""
+    raw = np.outer(seqs, fractions)
+    part = np.maximum(np.floor(raw).astype(np.int64), 1)
+    part[:, -1] += seqs - part.sum(1)
+    if np.any(part[:, -1] < 1):
+        bad = part[:, -1] < 1
+        part[bad] = uniform_partitions(seqs[bad], len(fractions))
+    return part

@@ -1,0 +1,169 @@
+"""What every command shares: the argument parser that reports one line, argument types, output-path
+checks and the one table formatter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, SPILL_POLICIES
+from ..specs import LIMITS, SpecError
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit code 2 (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _integer_text(text: str, lo: int, what: str) -> int:
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(f) or not f.is_integer():
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    v = int(text) if text.strip().lstrip("+-").isdigit() else int(f)
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    if v > 2 ** 62:
+        raise argparse.ArgumentTypeError(f"{text} is too large: the simulator represents at most "
+                                         f"{LIMITS['seq_len']:,} tokens and {LIMITS['batch']:,} requests")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return _integer_text(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _integer_text(text, 0, "a non-negative integer")
+
+
+def number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def batch_arg(text: str):
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def int_list(text: str) -> list[int]:
+    parts = [x for x in text.replace(" ", "").split(",") if x]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return [non_negative_int(x) for x in parts]
+
+
+def placement_arg(text: str | None):
+    """snake, searched, comma-separated die indices, or groups of them separated by ';' (with --tp)."""
+    if text is None or text in ("snake", "searched"):
+        return text
+    if ";" in text:
+        return [int_list(group) for group in text.split(";") if group.strip()]
+    return int_list(text)
+
+
+def add_mbkr_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MBKR (schemes mbkr, mocap)")
+    g.add_argument("--pairing", default="cross-half", choices=PAIRINGS, help="stage pairing policy")
+    g.add_argument("--p1", type=number, default=DEFAULT_P1,
+                   help=f"creditor threshold, fraction of a stage's KV budget (default {DEFAULT_P1})")
+    g.add_argument("--p2", type=number, default=DEFAULT_P2,
+                   help=f"debtor threshold and creditor hosting limit (default {DEFAULT_P2})")
+    g.add_argument("--read-overlap", type=number, default=DEFAULT_READ_OVERLAP,
+                   help="fraction of local attention time that hides a remote KV read")
+    g.add_argument("--spill", default="overflow", choices=SPILL_POLICIES,
+                   help="overflow: move only what cannot stay local (default); eager: also what lies above p2")
+
+
+def mbkr_kwargs(args) -> dict:
+    return dict(pairing=args.pairing, p1=args.p1, p2=args.p2, read_overlap=args.read_overlap, spill=args.spill)
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """A file the command may write: its folder exists (or can be made) and is writable, and the
+    path is not a folder.  Checked before any work."""
+    p = Path(path)
+    if p.exists() and p.is_dir():
+        raise SpecError(f"{str(p)!r} is a directory; pass a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    check_output_dir(parent, allow_existing=True)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, allow_existing: bool = True, marker: str | None = None) -> Path:
+    """A folder the command may write into, checked before any work: not a file, not under a file,
+    writable; with ``marker``, a non-empty folder must hold that file (an earlier run of the same kind)."""
+    p = Path(path)
+    for parent in [p] + list(p.parents):
+        if parent.exists() and not parent.is_dir():
+            raise SpecError(f"cannot write to {str(p)!r}: {str(parent)!r} is a file, not a directory")
+        if parent.exists():
+            break
+    existing = next(q for q in [p] + list(p.parents) if q.exists() or q == Path(q.anchor or "."))
+    if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        raise SpecError(f"cannot write to {str(p)!r}: {str(existing)!r} is not writable")
+    if p.is_dir() and marker is not None and any(p.iterdir()) and not (p / marker).exists():
+        raise SpecError(f"{str(p)!r} is a non-empty directory that holds no earlier run ({marker} is missing); "
+                        f"pass an empty or new directory")
+    if p.exists() and not allow_existing:
+        raise SpecError(f"{str(p)!r} exists; pass a new path")
+    return p
+
+
+def finite(v: Any):
+    """JSON-safe: non-finite floats become None."""
+    return v if not isinstance(v, float) or math.isfinite(v) else None
+
+
+def dumps(obj) -> str:
+    """JSON with non-finite floats as null."""
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return finite(x)
+    return json.dumps(clean(obj))
+
+
+def fmt(v: Any, unit: str = "", digits: int = 4) -> str:
+    """A value as text: '-' for None and inf, numbers to ``digits`` significant figures."""
+    if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}{unit}"
+    if isinstance(v, int):
+        return f"{v:,}{unit}"
+    return f"{v}{unit}"
+
+
+def table(rows: Sequence[dict], columns: Sequence[tuple[str, str]], digits: int = 4) -> str:
+    """A plain-text table: ``columns`` are (key, header) pairs; numbers right-aligned."""
+    cells = [[fmt(r.get(k), digits=digits) for k, _ in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths)))
+    return "\n".join([line([h for _, h in columns]), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+def progress(message: str, quiet: bool = False) -> None:
+    """One line of progress on stderr (long commands)."""
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)

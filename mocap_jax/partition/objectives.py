@@ -1,0 +1,194 @@
+"""What LBCP annealing minimises: EvaluatePrefill with each candidate's own largest batch, then EvaluateE2E.
+
+States are chunk sizes in units of the granularity g (``[M]`` ints, each >= 1).  For a candidate
+partition the objective first finds its own largest feasible batch B' (:func:`largest_batch`: a
+vectorised bracket search over batches, exact when feasibility is monotone in the batch), so a
+partition that admits a larger batch can win, then evaluates it at B':
+
+* ``prefill``: prefill latency of a batch of B' requests divided by B' (seconds of pipeline time
+  per request);
+* ``throughput``: the saturation period divided by B' (seconds per request at saturation, the
+  inverse of the saturation throughput);
+* ``e2e``: mean end-to-end latency of the context's arrivals with batches of up to B' requests
+  (:mod:`mocap_jax.serving.e2e`).
+
+With a fixed batch (``batch_search=False``) B' is the context's batch and ``prefill`` is the
+plain prefill latency.  An infeasible candidate (B' = 0) scores ``inf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..costs import pytree
+from ..prefill.batch import evaluate_many
+from ..prefill.evaluate import Point
+from ..schedule.items import chunked_items
+from ..search.anneal import randint
+from ..schedule.shape import MBKRMode, SimShape
+from ..serving.e2e import ServingShape, e2e_latency
+
+Array = Any
+OBJECTIVES = ("prefill", "throughput", "e2e")
+
+
+@pytree
+class PartitionContext:
+    """Traced numbers of a partition objective.
+
+    Fields:
+      point: the configuration (its items are rebuilt from each candidate).
+      granularity: int scalar g, tokens per unit.
+      batch: int scalar, the fixed batch, or where the B' search starts looking.
+      arrivals: ``[R]`` arrival times (s) of the ``e2e`` objective (``[1]`` otherwise).
+    """
+
+    point: Point
+    granularity: Array
+    batch: Array
+    arrivals: Array
+
+
+def _with_items(point: Point, items) -> tuple[Point, Point]:
+    none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
+    pts = Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)
+    axes = Point(items=jax.tree_util.tree_map(lambda _: 0, items), model=none(point.model),
+                 hardware=none(point.hardware), layout=none(point.layout), mbkr=none(point.mbkr))
+    return pts, axes
+
+
+def evaluate_partitions(partitions, batches, point: Point, shape: SimShape, fields) -> dict:
+    """The evaluation ``fields`` of ``[P, M]`` partitions (tokens) at ``[P]`` batches (traceable)."""
+    pts, axes = _with_items(point, chunked_items(partitions, batches))
+    return evaluate_many(pts, shape, axes, fields)
+
+
+def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: int, window: int,
+                  fields: tuple = ()):
+    """B' of each of ``[C, M]`` partitions -- the largest batch in ``[1, max_batch]`` that fits (0 if
+    none) -- and the evaluation ``fields`` at B' (``[C, ...]``; undefined where B' = 0).
+
+    Each round evaluates ``window`` batches per partition: the first round the batches around its
+    ``hint [C]`` (``hint - window // 2 + 1 ... hint + window // 2``; an annealing move rarely
+    changes B' by more, and then this one round settles it), later rounds batches spread evenly
+    over the partition's open bracket (largest known fit, smallest known misfit), until every
+    bracket is closed.  Exact when feasibility is monotone in the batch.  The evaluator appears
+    once in the traced program (inside the loop), and the fields at B' are kept from the round
+    that found it, so no final evaluation is needed.
+    """
+    C, M = partitions.shape
+    names = ("feasible",) + tuple(f for f in fields if f != "feasible")
+    offsets = jnp.arange(window)
+    h = jnp.clip(jnp.asarray(hint, jnp.int32), 1, max_batch)
+
+    def evaluate_at(cand):
+        out = evaluate_partitions(jnp.repeat(partitions, window, axis=0), cand.reshape(-1), point, shape, names)
+        return {k: v.reshape((C, window) + v.shape[1:]) for k, v in out.items()}
+
+    def round_(state):
+        lo, hi, first, best = state
+        gap = hi - lo - 1
+        step = jnp.maximum(gap // (window + 1), 1)
+        spread = jnp.where(gap[:, None] <= window, lo[:, None] + 1 + offsets[None, :],
+                           lo[:, None] + step[:, None] * (offsets[None, :] + 1))
+        spread = jnp.minimum(spread, hi[:, None] - 1)
+        around = h[:, None] + offsets[None, :] - (window // 2 - 1)
+        cand = jnp.clip(jnp.where(first, around, spread), 1, max_batch).astype(jnp.int32)
+        out = evaluate_at(cand)
+        ok = out["feasible"]
+        top = jnp.max(jnp.where(ok, cand, 0), axis=1)
+        found = top > lo
+        at = jnp.argmax(jnp.where(ok, cand, 0), axis=1)
+        pick = lambda v: jnp.take_along_axis(v, at.reshape((C, 1) + (1,) * (v.ndim - 2)), axis=1)[:, 0]
+        best = {k: jnp.where(found.reshape((C,) + (1,) * (best[k].ndim - 1)), pick(out[k]), best[k]) for k in best}
+        lo = jnp.maximum(lo, top)
+        hi = jnp.minimum(hi, jnp.min(jnp.where(ok, max_batch + 1, cand), axis=1))
+        return lo, hi, jnp.zeros((), bool), best
+
+    shapes = jax.eval_shape(evaluate_at, jnp.ones((C, window), jnp.int32))
+    best = {k: jnp.zeros((C,) + v.shape[2:], v.dtype) for k, v in shapes.items() if k in fields}
+    state = (jnp.zeros((C,), jnp.int32), jnp.full((C,), max_batch + 1, jnp.int32), jnp.ones((), bool), best)
+    lo, _, _, best = jax.lax.while_loop(lambda st: st[2] | jnp.any(st[1] - st[0] > 1), round_, state)
+    return lo, best
+
+
+def propose_partition(words, x, max_shift: int):
+    """One-boundary move: boundary b (uniform) shifts by 1..``max_shift`` units either way; valid if
+    both chunks keep at least one unit."""
+    M = x.shape[0]
+    if M == 1:
+        return x, jnp.zeros((), bool)
+    b = randint(words[0], 0, M - 1)
+    shift = randint(words[1], 1, max_shift + 1)
+    shift = jnp.where(words[2] >> 31 == 1, shift, -shift)
+    left, right = x[b] + shift, x[b + 1] - shift
+    valid = (left >= 1) & (right >= 1)
+    return jnp.where(valid, x.at[b].set(left).at[b + 1].set(right), x), valid
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """LBCP annealing problem (hashable: static structure only).
+
+    Attributes:
+      shape: the prefill bucket (``items`` = M, the candidates' chunk count).
+      objective: ``prefill``, ``throughput`` or ``e2e``.
+      batch_search: score each candidate at its own B' (else at the context's batch).
+      max_batch: upper end of the B' search.
+      max_shift: largest boundary shift of a move, in units.
+      window: batches evaluated per partition per round of the B' search.
+      requests: arrivals of the ``e2e`` objective.
+    """
+
+    shape: SimShape
+    objective: str = "prefill"
+    batch_search: bool = True
+    max_batch: int = 256
+    max_shift: int = 4
+    window: int = 4
+    requests: int = 0
+
+    def propose(self, words, x, ctx: PartitionContext):
+        return propose_partition(words, x, self.max_shift)
+
+    def initial_aux(self, ctx: PartitionContext, chains: int):
+        """Every chain's first B' search starts at the context's batch."""
+        return jnp.full((chains,), ctx.batch, jnp.int32)
+
+    def batches(self, xs, ctx: PartitionContext, hint=None, shape: SimShape | None = None, fields: tuple = ()):
+        """B' of each candidate (or the fixed batch), the search starting at ``hint [C]``, with the
+        evaluation ``fields`` at B'."""
+        parts = xs * ctx.granularity
+        shape = shape or self.shape
+        if not self.batch_search:
+            B = jnp.full((xs.shape[0],), ctx.batch, jnp.int32)
+            return B, evaluate_partitions(parts, B, ctx.point, shape, fields) if fields else {}
+        hint = self.initial_aux(ctx, xs.shape[0]) if hint is None else hint
+        return largest_batch(parts, ctx.point, shape, hint, self.max_batch, self.window, fields)
+
+    def evaluate(self, xs, ctx: PartitionContext, aux):
+        """``(objectives [C], B' [C])`` of candidates ``xs [C, M]`` (units), B' searched from ``aux``."""
+        parts = xs * ctx.granularity
+        B, out = self.batches(xs, ctx, aux, fields=("prefill_latency_s", "period_s", "feasible", "extra"))
+        ok_batch = B > 0
+        Bs = jnp.maximum(B, 1)
+        feasible = out["feasible"] & ok_batch
+        per = Bs.astype(out["period_s"].dtype) if self.batch_search else 1.0
+        if self.objective == "prefill":
+            return jnp.where(feasible, out["prefill_latency_s"] / per, jnp.inf), B
+        if self.objective == "throughput":
+            return jnp.where(feasible, out["period_s"] / Bs.astype(out["period_s"].dtype), jnp.inf), B
+        plain = self.batches(xs, ctx, B, self.shape._replace(mbkr=MBKRMode.OFF))[0] \
+            if self.shape.mbkr != MBKRMode.OFF and self.batch_search else Bs
+        serving = ServingShape(prefill=self.shape._replace(batches=1), requests=self.requests)
+        K, N = self.shape.items, self.shape.stages
+
+        def one(part, b, b_plain, extra):
+            return e2e_latency(ctx.point, part, 0, 1, b, ctx.arrivals, extra[:K], b_plain, serving)["mean_s"]
+
+        mean = jax.vmap(one)(parts, Bs, plain, out["extra"].reshape(xs.shape[0], -1, N))
+        return jnp.where(feasible, mean, jnp.inf), B

@@ -1,0 +1,187 @@
+"""Many configurations at once: ``jit(vmap(evaluate))`` in blocks, sharded over the local devices.
+
+:func:`evaluate_points` takes a :class:`~mocap_jax.prefill.evaluate.Point` whose leaves are
+either shared by every configuration or stacked along a leading axis of ``P`` configurations
+(``axes`` says which), evaluates them block by block (a fixed block size, so one compiled
+program serves every block of a bucket; the last block is padded), shards each block's
+configurations over the local devices, and returns only the fields asked for (XLA then drops
+the work nothing reads).
+
+MBKR buckets first evaluate every configuration without MBKR; only a block in which some
+configuration does not fit runs the spill passes (with the ``overflow`` policy a configuration
+that fits spills nothing, so its result is its plain result exactly).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ..schedule.shape import MBKRMode, SimShape, Spill, bucket
+from .evaluate import Evaluation, Point, evaluate
+
+Array = Any
+
+#: every field of :class:`Evaluation`
+ALL_FIELDS = tuple(Evaluation.__dataclass_fields__)
+#: the scalar summaries sweeps keep
+SUMMARY_FIELDS = ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
+                  "overflow", "remote_read_s", "spill_write_s", "migrate_s")
+
+
+def _fields(ev: Evaluation, fields: Sequence[str]) -> dict:
+    return {f: getattr(ev, f) for f in fields}
+
+
+def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
+    """``vmap(evaluate)`` over the batched leaves of ``points`` (``axes``: a :class:`Point` of 0 / None),
+    returning ``fields``.  Traceable; :func:`evaluate_points` compiles it."""
+    one = lambda p, sh: _fields(evaluate(p, sh), fields)
+    if shape.mbkr == MBKRMode.OFF:
+        return jax.vmap(lambda p: one(p, shape), in_axes=(axes,))(points)
+    plain = jax.vmap(lambda p: one(p, shape._replace(mbkr=MBKRMode.OFF)), in_axes=(axes,))(points)
+    spilled = jax.vmap(lambda p: one(p, shape), in_axes=(axes,))
+    if shape.spill == Spill.EAGER:
+        return spilled(points)
+    fits = plain["feasible"] if "feasible" in plain else jax.vmap(
+        lambda p: evaluate(p, shape._replace(mbkr=MBKRMode.OFF)).feasible, in_axes=(axes,))(points)
+    return jax.lax.cond(jnp.all(fits), lambda: plain, lambda: spilled(points))
+
+
+#: item-stage cells of one vectorised step: a step's arrays then stay in the CPU caches (measured:
+#: 256 chunked pipelines of 32 items x 16 stages per step run about twice as fast per point as 4,096)
+STEP_CELLS = 1 << 17
+
+
+def step_size(shape: SimShape) -> int:
+    """Configurations per vectorised step of a block: a power of two in [8, 4096], about
+    :data:`STEP_CELLS` item-stage cells."""
+    cells = shape.items * shape.batches * shape.stages
+    return int(min(4096, max(8, 1 << max(0, (STEP_CELLS // cells).bit_length() - 1))))
+
+
+def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, shape: SimShape, fields: tuple,
+                   step: int) -> dict:
+    """:func:`evaluate_many` of a block, ``step`` configurations at a time (``lax.map``; the block's
+    length is a multiple of ``step`` or smaller than it).  ``batched`` / ``shared``: the block's
+    leaves with and without the configuration axis, in ``axes_leaves`` order."""
+    axes = jax.tree_util.tree_unflatten(treedef, axes_leaves)
+
+    def run(rows):
+        it_rows, it_shared = iter(rows), iter(shared)
+        leaves = [next(it_shared) if ax is None else next(it_rows) for ax in axes_leaves]
+        return evaluate_many(jax.tree_util.tree_unflatten(treedef, leaves), shape, axes, fields)
+
+    P = batched[0].shape[0]
+    if P <= step:
+        return run(batched)
+    out = jax.lax.map(run, [x.reshape((P // step, step) + x.shape[1:]) for x in batched])
+    return jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:]), out)
+
+
+@functools.lru_cache(maxsize=128)
+def _program(shape: SimShape, fields: tuple, axes_leaves: tuple, treedef, devices: tuple, step: int):
+    """The compiled block program: ``(batched leaves, shared leaves) -> fields``, each device taking
+    its share of the block's configurations (``shard_map``)."""
+    fn = functools.partial(evaluate_steps, treedef=treedef, axes_leaves=axes_leaves, shape=shape, fields=fields,
+                           step=step)
+    if len(devices) == 1:
+        return jax.jit(fn), None, None
+    mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
+    rows = NamedSharding(mesh, PartitionSpec("points"))
+    shared = NamedSharding(mesh, PartitionSpec())
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec("points"), PartitionSpec()),
+                           out_specs=PartitionSpec("points"), check_vma=False)
+    return jax.jit(mapped), rows, shared
+
+
+def batch_axes(points: Point, batched_leaf) -> Point:
+    """``axes`` for :func:`evaluate_points`: 0 where ``batched_leaf(leaf)`` is true, else None."""
+    return jax.tree_util.tree_map(lambda x: 0 if batched_leaf(x) else None, points)
+
+
+def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Sequence[str] = ALL_FIELDS,
+                    block: int = 16384, devices: Sequence | None = None) -> dict[str, np.ndarray]:
+    """Evaluate ``count`` configurations; returns NumPy arrays with a leading axis ``count``.
+
+    Args:
+      points: host-side :class:`Point` whose batched leaves (``axes`` 0) have a leading axis ``count``.
+      shape: the bucket's static structure.
+      axes: a :class:`Point` of 0 (batched) / None (shared) leaves.
+      fields: :class:`Evaluation` fields to return.
+      block: configurations per compiled call (bounds memory); fewer configurations than a block
+        are padded to a power of two (at least 8), so counts inside a bucket share programs.
+        Inside a call the configurations run :func:`step_size` at a time.
+      devices: devices to shard each block over (default every local device, when they divide it).
+    """
+    local = list(devices) if devices is not None else jax.local_devices()
+    size = block if count > block else min(bucket(count, 8), block)
+    nd = len(local) if size % len(local) == 0 else 1
+    step = min(step_size(shape), size // nd)
+    size = -(-size // (step * nd)) * step * nd
+    leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda x: x is None)
+    program, rows, shared = _program(shape, tuple(fields), tuple(leaves), treedef, tuple(local[:nd]), step)
+    flat_points = jax.tree_util.tree_leaves(points)
+    shared_leaves = [np.asarray(x) for x, ax in zip(flat_points, leaves) if ax is None]
+    if shared is not None:
+        shared_leaves = [jax.device_put(x, shared) for x in shared_leaves]
+    outs, pending = [], None
+    fetch = lambda n, o: {k: np.asarray(v)[:n] for k, v in jax.device_get(o).items()}
+    for lo in range(0, count, size):
+        hi = min(count, lo + size)
+        block_rows = []
+        for leaf, ax in zip(flat_points, leaves):
+            if ax is None:
+                continue
+            x = np.asarray(leaf)[lo:hi]
+            if len(x) < size:
+                x = np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
+            block_rows.append(x if rows is None else jax.device_put(x, rows))
+        running = (hi - lo, program(block_rows, shared_leaves))
+        if pending is not None:                  # fetch the previous block while this one runs
+            outs.append(fetch(*pending))
+        pending = running
+    outs.append(fetch(*pending))
+    out = outs[0] if len(outs) == 1 else {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    check_honest(out)
+    return out
+
+
+class DishonestResult(RuntimeError):
+    """An evaluation broke an invariant every result must keep (a bug, never a published number)."""
+
+
+def check_honest(out: dict) -> None:
+    """Every feasible point has a finite, positive latency and throughput and non-negative, finite memory;
+    no value is NaN.  A violation raises :class:`DishonestResult` naming the first offending point."""
+    P = len(next(iter(out.values())))
+    bad = np.zeros(P, bool)
+    why = np.full(P, "", object)
+
+    def flag(mask, reason):
+        new = mask & ~bad
+        why[new] = reason
+        bad[:] |= mask
+
+    for k, v in out.items():
+        if v.dtype.kind == "f":
+            flag(np.isnan(v).reshape(P, -1).any(1), f"{k} is NaN")
+    feasible = out.get("feasible")
+    if feasible is not None:
+        for k in ("prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s"):
+            if k in out:
+                flag(feasible & ~(np.isfinite(out[k]) & (out[k] > 0)), f"feasible with {k} = non-positive or infinite")
+        for k in ("peak_mem_bytes_per_stage", "kv_peak_bytes_per_stage", "weight_bytes_per_stage"):
+            if k in out:
+                v = out[k].reshape(P, -1)
+                flag(feasible & ~(np.isfinite(v).all(1) & (v >= 0).all(1)), f"feasible with {k} negative or infinite")
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DishonestResult(f"point {i} of this evaluation: {why[i]}; values: "
+                              + ", ".join(f"{k}={np.asarray(v[i]).ravel()[:4].tolist()}" for k, v in out.items()
+                                          if k in ("feasible", "prefill_latency_s", "throughput_rps")))

@@ -1,0 +1,97 @@
+"""Building configurations on the host: from specs and user settings to a :class:`Point`.
+
+The public point builders: :class:`MBKRSettings` (validated MBKR knobs), :func:`build_point`
+(one configuration's pytree of numbers) and :func:`stack_points` (many, for batched
+evaluation).  Everything here is NumPy; nothing is traced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from ..costs import HardwareParams, ModelParams, StageLayout
+from ..mbkr.pairing import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, SPILL_POLICIES,
+                            STATIC_PAIRING_CODE, MBKRParams, check_thresholds, pair_routes, partner_of)
+from ..schedule.items import ItemTable
+from ..schedule.shape import MBKRMode, Spill
+from ..specs import HardwareSpec, ModelSpec, checks
+from .evaluate import Point
+
+
+@dataclass(frozen=True)
+class MBKRSettings:
+    """MBKR knobs (validated on construction; see :mod:`mocap_jax.mbkr.pairing`).
+
+    Attributes:
+      pairing: ``cross-half``, ``head-to-tail``, ``none`` or ``dynamic``.
+      p1, p2: role thresholds, fractions of a stage's KV budget.
+      read_overlap: share of local attention time that hides a remote read.
+      spill: ``overflow`` (move only what cannot stay local) or ``eager`` (also what lies above p2).
+    """
+
+    pairing: str = "cross-half"
+    p1: float = DEFAULT_P1
+    p2: float = DEFAULT_P2
+    read_overlap: float = DEFAULT_READ_OVERLAP
+    spill: str = "overflow"
+
+    def __post_init__(self):
+        checks.choice("pairing", self.pairing, PAIRINGS)
+        checks.choice("spill policy", self.spill, SPILL_POLICIES)
+        p1, p2, overlap = check_thresholds(self.p1, self.p2, self.read_overlap)
+        object.__setattr__(self, "p1", p1)
+        object.__setattr__(self, "p2", p2)
+        object.__setattr__(self, "read_overlap", overlap)
+
+    @property
+    def mode(self) -> MBKRMode:
+        """The spill program: none pairs nothing (a stage that would overflow has nowhere to go,
+        exactly as without MBKR), dynamic re-matches, the rest are static pairs."""
+        return {"dynamic": MBKRMode.DYNAMIC, "none": MBKRMode.OFF}.get(self.pairing, MBKRMode.STATIC)
+
+    @property
+    def spill_policy(self) -> Spill:
+        return Spill(self.spill)
+
+
+def mbkr_params(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings, dtype) -> MBKRParams:
+    """MBKR numbers of a configuration; pair routes share links with the hand-offs and each other."""
+    n = len(placement)
+    code = STATIC_PAIRING_CODE.get(settings.pairing, 0)
+    partner = partner_of(code, n, n, xp=np) if settings.mode == MBKRMode.STATIC else None
+    hops, bw = pair_routes(hw, placement, partner, n_pad, dtype)
+    return MBKRParams(p1=np.asarray(settings.p1, dtype), p2=np.asarray(settings.p2, dtype),
+                      read_overlap=np.asarray(settings.read_overlap, dtype), pairing=np.asarray(code, np.int32),
+                      stage_hops=hops, stage_bandwidth=bw)
+
+
+def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, dtype,
+                settings: MBKRSettings | None = None) -> Point:
+    """One configuration as a pytree of NumPy numbers (``items`` already padded to the bucket).
+
+    ``placement`` is the die of each stage ``[N]``, or the dies of each tensor-parallel stage group
+    ``[N, t]``; MBKR routes then run between the groups' first dies.
+    """
+    settings = settings or MBKRSettings()
+    placement = np.asarray(placement)
+    if placement.ndim == 2:
+        layout = StageLayout.from_groups(hw, placement, n_pad, dtype)
+        firsts = placement[:, 0]
+    else:
+        layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
+        firsts = placement
+    return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
+                 layout=layout, mbkr=mbkr_params(hw, firsts, n_pad, settings, dtype))
+
+
+def stack_points(points: list[Point]) -> Point:
+    """Points of one bucket stacked along a new leading axis (for ``vmap``)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *points)
+
+
+def replace_items(point: Point, items: ItemTable) -> Point:
+    """The same configuration with another item table."""
+    return Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)

@@ -1,0 +1,1 @@
+"""Searches shared by every layer: simulated annealing over many chains (:mod:`.anneal`)."""

@@ -1,0 +1,396 @@
+"""The one place the sweep calls the simulator: a block of resolved points -> its output columns.
+
+:class:`Evaluator` takes a bucket key (the static structure of a compiled program) and the
+:class:`~.resolver.Resolved` points of one block, and returns a dict of output columns:
+
+* fast buckets (``gpipe``, ``terapipe``, ``mbkr``): the block's ``Point`` pytree is built host side
+  in NumPy, sharded over the local devices on its point axis and evaluated by
+  ``shard_map(lax.map(vmap(...)))`` over micro-batches; only scalar summaries come back;
+* ``serial`` (the slow schemes and ``batch = "auto"``): one point at a time through
+  :func:`mocap_jax.study.compare.evaluate_scheme`;
+* ``impossible``: rows of ``feasible = false`` with the reason, nothing evaluated.
+
+A column is a NumPy array over the block's points: numeric and bool arrays hold every point
+(``float32`` or ``float64`` as simulated); object arrays hold Python values, ``None`` where a
+column does not apply.  Before a block program runs, its memory (host inputs and XLA's own
+estimate of the compiled program) is checked against what is available; end-to-end latencies
+whose absolute clock cannot resolve them are refused, never written.  The simulator's modules
+(``prefill``, ``schedule``, ``serving``, ``mbkr``, ``partition``, ``api``, ``study``) are imported here and nowhere else in the
+sweep: replacing the evaluator touches only this module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..api.config import ADMISSION_MODES, RELEASE_POLICIES, searched_placement
+from ..costs import HardwareParams, ModelParams, StageLayout
+from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, MBKRParams
+from ..partition.objectives import OBJECTIVES
+from ..prefill.batch import evaluate_many
+from ..prefill.evaluate import Point
+from ..prefill.points import MBKRSettings, mbkr_params
+from ..schedule.items import chunked_items, gpipe_items, uniform_partitions
+from ..schedule.shape import Admission, MBKRMode, Release, SimShape
+from ..serving.arrivals import arrival_times
+from ..serving.e2e import ServingShape, e2e_latency
+from ..specs import HardwareSpec, ModelSpec, SpecError, mocap_wafer
+from ..specs.mesh import snake_placement
+from .arrays import unique_rows
+
+__all__ = ["Evaluator", "ADMISSION_MODES", "RELEASE_POLICIES", "PAIRINGS", "OBJECTIVES", "ARRIVALS", "DEFAULT_P1",
+           "DEFAULT_P2", "DEFAULT_READ_OVERLAP", "MBKR_OUTPUTS"]
+
+ARRIVALS = ("poisson", "fixed", "offline")
+MBKR_OUTPUTS = ("spilled_bytes", "remote_read_s", "remote_read_unhidden_s", "spill_write_s", "blocking_s", "migrate_s")
+SUMMARY_OUTPUTS = ("prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction",
+                   "max_peak_mem_bytes", "max_kv_peak_bytes", "max_stage_weight_bytes", "usable_hbm_bytes",
+                   "max_stage_utilisation")
+E2E_OUTPUTS = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "load_throughput_rps")
+#: end-to-end latency is computed on an absolute clock; the clock's resolution at the last arrival
+#: must stay below this fraction of a point's median end-to-end latency
+E2E_CLOCK_RESOLUTION = 1e-4
+
+
+class TemplateCache:
+    """Host-side pieces of ``Point`` that depend only on a few inputs (cached per run)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self._params: dict = {}
+        self._route: dict = {}
+        self._arrivals: dict = {}
+
+    def params(self, spec):
+        if spec not in self._params:
+            cls = ModelParams if isinstance(spec, ModelSpec) else HardwareParams
+            self._params[spec] = cls.from_spec(spec, self.dtype)
+        return self._params[spec]
+
+    def route(self, hw: HardwareSpec, n: int, n_pad: int, placement: str, scheme: str, pairing: str, mode: str):
+        """``(StageLayout, MBKRParams)`` of a mesh geometry, stage count, placement and pairing (cached)."""
+        geo = (hw.rows, hw.cols, hw.wafers, hw.topology, hw.link_bandwidth, hw.cross_wafer_bandwidth)
+        key = (geo, n, n_pad, placement, scheme, pairing, mode)
+        hit = self._route.get(key)
+        if hit is not None:
+            return hit
+        g = mocap_wafer(hw.rows, hw.cols, hw.wafers, topology=hw.topology, link_bandwidth=hw.link_bandwidth,
+                        cross_wafer_bandwidth=hw.cross_wafer_bandwidth, name="route")
+        if placement == "default":
+            placement = "searched" if scheme in ("mbkr", "mocap") and pairing != "none" else "snake"
+        if placement == "searched":
+            # the search depends on the geometry and on the cross-wafer / D2D bandwidth ratio only
+            ratio = hw.cross_wafer_bandwidth / hw.link_bandwidth if hw.wafers > 1 else 1.0
+            gs = mocap_wafer(hw.rows, hw.cols, hw.wafers, topology=hw.topology, link_bandwidth=5e12,
+                             cross_wafer_bandwidth=5e12 * ratio, name="placement")
+            pl = searched_placement(gs, n, pairing)
+        else:
+            pl = snake_placement(g, n)
+        dt = self.dtype
+        hit = (StageLayout.from_placement(g, pl, n_pad, dt), mbkr_params(g, pl, n_pad, MBKRSettings(pairing=pairing), dt))
+        self._route[key] = hit
+        return hit
+
+    def arrivals(self, kind: str, rate: float, count: int, seed: int) -> np.ndarray:
+        key = (kind, rate, count, seed)
+        a = self._arrivals.get(key)
+        if a is None:
+            if len(self._arrivals) > 4096:
+                self._arrivals.clear()
+            a = self._arrivals[key] = np.asarray(arrival_times(kind, rate, count, seed), self.dtype)
+        return a
+
+
+def _gather(objs: list, inv: np.ndarray):
+    """Stack the leaves of ``objs`` (same pytree) and gather them by ``inv`` (leading axis)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs])[inv], *objs)
+
+
+def block_inputs(key: tuple, r, cache: TemplateCache, size: int):
+    """``(Point, serving extras)`` of a fast bucket's block, padded to ``size`` points with copies of
+    the last one (NumPy)."""
+    _, kind, k_pad, n_pad, nb, mode, R, sync, request = key
+    pad = np.minimum(np.arange(size), len(r.ids) - 1)
+    col = lambda k, dtype=np.int64, fill=np.nan: r.values(k, dtype=dtype, fill=fill)[pad]
+    seq = col("seq_len")
+    batch = col("batch", fill=1)
+    if kind == "gpipe":
+        micro = col("microbatch")
+        items = gpipe_items(seq, batch, micro, k_pad)
+        part_pad = np.zeros((size, k_pad), np.int32)
+    else:
+        M = col("chunks")
+        part_pad = np.zeros((size, k_pad), np.int64)
+        for m in np.unique(M):
+            rows = M == m
+            part_pad[rows, :m] = uniform_partitions(seq[rows], int(m))
+        items = chunked_items(part_pad, batch)
+    model = _gather([cache.params(m) for m in r.models], r.codes["model"][pad])
+    hardware = _gather([cache.params(h) for h in r.hw_specs], r.hw_inv[pad])
+    # routes: per unique (hardware combination, stages, placement, scheme, pairing)
+    c = r.codes
+    u, inv = unique_rows([r.hw_inv[pad], r.stages[pad], c["placement"][pad], c["scheme"][pad], c["pairing"][pad]])
+    t = r.space.tables
+    table = [cache.route(r.hw_specs[h], int(n), n_pad, t["placement"][pl], t["scheme"][s], t["pairing"][pa], mode)
+             for h, n, pl, s, pa in u]
+    layout = _gather([x[0] for x in table], inv)
+    routes = _gather([x[1] for x in table], inv)
+    dt = cache.dtype
+    mb = MBKRParams(p1=col("p1", np.float64).astype(dt), p2=col("p2", np.float64).astype(dt),
+                    read_overlap=col("read_overlap", np.float64).astype(dt), pairing=routes.pairing,
+                    stage_hops=routes.stage_hops, stage_bandwidth=routes.stage_bandwidth)
+    point = Point(items=items, model=model, hardware=hardware, layout=layout, mbkr=mb)
+    extra = {}
+    if R:
+        u, inv = unique_rows([c["arrivals"][pad].astype(np.float64), col("load", np.float64),
+                              col("seed").astype(np.float64)])
+        arrivals = [cache.arrivals(t["arrivals"][int(a)], float(ld), R, int(sd)) for a, ld, sd in u]
+        extra = {"partition": part_pad.astype(np.int32), "seq_len": seq.astype(np.int32),
+                 "microbatch": (col("microbatch") if kind == "gpipe" else np.ones(size)).astype(np.int32),
+                 "batch": batch.astype(np.int32), "arrivals": np.stack(arrivals)[inv]}
+    return point, extra
+
+
+#: the evaluation fields a sweep row is made of
+_FIELDS = ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
+           "peak_mem_bytes_per_stage", "kv_peak_bytes_per_stage", "weight_bytes_per_stage", "capacity_bytes",
+           "stage_utilisation", "spilled_bytes_per_stage", "blocking_s_per_stage", "remote_read_s",
+           "remote_read_unhidden_s", "spill_write_s", "migrate_s", "extra")
+
+
+def _lean(points: Point, extra: dict, shape: SimShape, sshape: ServingShape | None) -> dict:
+    """Scalar summaries of a micro-batch of points (what sweep rows need; no item-level arrays leave the device)."""
+    axes = jax.tree_util.tree_map(lambda _: 0, points)
+    fields = _FIELDS if (sshape is not None and shape.mbkr != MBKRMode.OFF) else _FIELDS[:-1]
+    o = evaluate_many(points, shape, axes, fields)
+    live = jnp.arange(shape.stages)[None, :] < points.layout.num_stages[:, None]
+    mx = lambda a: jnp.max(jnp.where(live, a, 0.0), axis=1)
+    r = {k: o[k] for k in ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "period_s",
+                           "bubble_fraction")}
+    r.update(max_peak_mem_bytes=mx(o["peak_mem_bytes_per_stage"]), max_kv_peak_bytes=mx(o["kv_peak_bytes_per_stage"]),
+             max_stage_weight_bytes=mx(o["weight_bytes_per_stage"]), usable_hbm_bytes=o["capacity_bytes"],
+             max_stage_utilisation=mx(o["stage_utilisation"]))
+    if shape.mbkr != MBKRMode.OFF:
+        r.update(spilled_bytes=jnp.sum(o["spilled_bytes_per_stage"], axis=1),
+                 blocking_s=jnp.sum(o["blocking_s_per_stage"], axis=1),
+                 **{k: o[k] for k in ("remote_read_s", "remote_read_unhidden_s", "spill_write_s", "migrate_s")})
+    if sshape is not None:
+        dt = points.model.hidden.dtype
+        K, N = shape.items, shape.stages
+        full = o["extra"][:, :K] if "extra" in o else jnp.zeros((extra["batch"].shape[0], K, N), dt)
+
+        def one(p, ex, mbx):
+            # the plain limit is not known here: a batch of b requests carries b / B of a full batch's MBKR time
+            return e2e_latency(p, ex["partition"], ex["seq_len"], ex["microbatch"], ex["batch"], ex["arrivals"], mbx,
+                               0, sshape)
+
+        e = jax.vmap(one)(points, extra, full)
+        ok = o["feasible"]
+        inf = jnp.asarray(jnp.inf, dt)
+        r.update(e2e_mean_s=jnp.where(ok, e["mean_s"], inf), e2e_p50_s=jnp.where(ok, e["p50_s"], inf),
+                 e2e_p99_s=jnp.where(ok, e["p99_s"], inf),
+                 load_throughput_rps=jnp.where(ok, e["throughput_rps"], 0.0).astype(dt))
+    return r
+
+
+def _program(shape: SimShape, sshape, micro: int, mesh):
+    from jax.sharding import PartitionSpec
+
+    def local(points, extra):
+        n = jax.tree_util.tree_leaves(points)[0].shape[0]
+        split = lambda a: a.reshape((n // micro, micro) + a.shape[1:])
+        xs = jax.tree_util.tree_map(split, (points, extra))
+        out = jax.lax.map(lambda pe: _lean(pe[0], pe[1], shape, sshape), xs)
+        return jax.tree_util.tree_map(lambda a: a.reshape((n,) + a.shape[2:]), out)
+
+    spec = PartitionSpec("points")
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+
+_COMPILED: dict = {}   # compiled block programs, per (shapes, devices, options), for the life of the process
+
+
+def available_memory_bytes(device) -> int:
+    """Memory a block may use: the host's available memory for CPU devices, else the device's free memory."""
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+def _outputs_fast(raw: dict, r, key: tuple) -> dict:
+    P = len(r.ids)
+    feasible = np.asarray(raw["feasible"])[:P].astype(bool)
+    out = {"feasible": feasible, "reason": np.where(feasible, "", "memory").astype(object),
+           "batch_used": r.values("batch")}
+    for k in SUMMARY_OUTPUTS + E2E_OUTPUTS:
+        if k in raw:
+            out[k] = np.asarray(raw[k])[:P]
+    for k in MBKR_OUTPUTS:
+        out[k] = np.asarray(raw[k])[:P] if k in raw else np.zeros(P, np.int64)
+    if key[6]:
+        out["load_rps"] = r.objects("load")
+    return out
+
+
+def _outputs_serial(r, dtype: str) -> dict:
+    from ..partition.plan import PlanSettings
+    from ..study.compare import CompareSettings, evaluate_scheme, plan_scheme
+
+    rows = []
+    for j in range(len(r.ids)):
+        v = r.point(j)
+        plan = PlanSettings(chunks=v["chunks"], granularity=v["granularity"], chains=v["chains"], steps=v["steps"],
+                            objective=v["objective"], seed=v["seed"], max_batch=v["max_batch"])
+        st = CompareSettings(chunks=v["chunks"], plan=plan, max_batch=v["max_batch"], requests=v["requests"],
+                             arrivals=v["arrivals"], seed=v["seed"], release=v["release"], admission=v["admission"],
+                             num_batches=v["num_batches"], mbkr=MBKRSettings(v["pairing"], v["p1"], v["p2"],
+                                                                             v["read_overlap"]),
+                             dtype=dtype, with_max_seq=False)
+        res = evaluate_scheme(plan_scheme(r.models[int(r.codes["model"][j])], r.hardware(j), v["seq_len"],
+                                          v["scheme"], st), v["load"], st)
+        ex = res.extra
+        rows.append({
+            "feasible": bool(res.feasible), "reason": "" if res.feasible else "memory",
+            "prefill_latency_s": res.prefill_latency_s, "throughput_rps": res.throughput_rps,
+            "bubble_fraction": res.bubble_fraction, "batch_used": int(res.batch),
+            "max_stage_utilisation": max(res.stage_utilisation) if res.stage_utilisation else 0.0,
+            **{k: ex.get(k, 0.0) for k in ("spilled_bytes", "remote_read_s", "blocking_s")},
+            "load_rps": ex.get("load_rps"), "e2e_mean_s": res.e2e_latency_mean_s,
+            "e2e_p50_s": res.e2e_latency_p50_s, "e2e_p99_s": res.e2e_latency_p99_s,
+            "load_throughput_rps": res.load_throughput_rps,
+            "partition": "-".join(str(int(x)) for x in res.partition),
+        })
+    out = {k: np.array([row[k] for row in rows], dtype=object) for k in rows[0]}
+    out["feasible"] = out["feasible"].astype(bool)
+    return out
+
+
+def _outputs_impossible(r) -> dict:
+    P = len(r.ids)
+    return {"feasible": np.zeros(P, bool), "reason": r.reason_names(), "prefill_latency_s": np.full(P, np.inf, np.float32),
+            "raw_latency_s": np.full(P, np.inf, np.float32), "throughput_rps": np.zeros(P, np.float32)}
+
+
+def _check_e2e_clock(out: dict, r, arrivals: np.ndarray) -> None:
+    """Refuse end-to-end latencies the float clock cannot resolve (never write them)."""
+    P = len(r.ids)
+    ok = out["feasible"]
+    p50 = out["e2e_p50_s"].astype(np.float64)
+    clock = np.spacing(np.abs(arrivals[:P, -1] + out["e2e_p99_s"]).astype(arrivals.dtype)).astype(np.float64)
+    bad = np.nonzero(ok & ~(np.isfinite(out["e2e_mean_s"]) & (clock <= E2E_CLOCK_RESOLUTION * p50)))[0]
+    if len(bad):
+        j = int(bad[0])
+        v = r.point(j)
+        raise SpecError(
+            f"point {int(r.ids[j])}: load = {v['load']} requests/s with requests = {v['requests']} spreads arrivals "
+            f"over {float(arrivals[j, -1]):.4g} s, where {arrivals.dtype} resolves time only to "
+            f"{float(clock[j]):.3g} s, too coarse for an end-to-end latency of {float(p50[j]):.4g} s; raise load, "
+            f"lower requests or set dtype = \"float64\" in [sweep]")
+
+
+class Evaluator:
+    """Evaluates blocks of one run: devices, dtype and compile options fixed; programs compiled once."""
+
+    def __init__(self, devices: list, dtype, exact: bool):
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+        self.devices = devices
+        self.dtype = np.dtype(dtype)
+        self.exact = exact
+        self.mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
+        self.sharding = NamedSharding(self.mesh, PartitionSpec("points"))
+        self.cache = TemplateCache(self.dtype)
+        self.compiles = 0
+        self.compile_s = 0.0
+
+    def _compiled(self, shape, sshape, micro: int, args, label: str):
+        leaves = jax.tree_util.tree_leaves(args)
+        sig = tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves)
+        key = (shape, sshape, micro, tuple(d.id for d in self.mesh.devices.flat), self.exact, sig)
+        hit = _COMPILED.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        opts = {"xla_disable_hlo_passes": "algsimp"} if self.exact else None
+        compiled = _program(shape, sshape, micro, self.mesh).lower(*args).compile(compiler_options=opts)
+        self.compiles += 1
+        self.compile_s += time.perf_counter() - t0
+        mem = compiled.memory_analysis()
+        if mem is not None:
+            per_device = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+            shared = self.devices[0].platform == "cpu"   # CPU devices share the host's memory
+            need = per_device * (len(self.devices) if shared else 1)
+            have = available_memory_bytes(self.devices[0])
+            if need > have:
+                raise SpecError(f"bucket {label}: a block of {len(leaves[0]):,} points needs about {_gib(need)} "
+                                f"(XLA's estimate of the compiled program) but {_gib(have)} is available; lower "
+                                f"the block size (--block-size) or the [sweep] micro_batch setting")
+        _COMPILED[key] = compiled
+        return compiled
+
+    def start(self, key: tuple, r, *, micro: int, size: int, label: str):
+        """Begin evaluating a block (asynchronously for fast buckets); ``.result()`` gives its columns.
+
+        ``micro`` is the points per vectorised step, ``size`` the padded block length (a multiple
+        of ``micro`` x devices), ``label`` names the bucket in messages.  The block's inputs and the
+        compiled program's memory are checked before either is allocated.
+        """
+        if key[0] == "impossible":
+            return _Done(_outputs_impossible(r))
+        if key[0] == "serial":
+            return _Done(_outputs_serial(r, self.dtype.name))
+        _, kind, k_pad, n_pad, nb, mode, R, sync, request = key
+        one = block_inputs(key, r, self.cache, 1)
+        need = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(one)) * size * 2
+        have = available_memory_bytes(self.devices[0])
+        if need > have:
+            raise SpecError(f"bucket {label}: the inputs of a block of {size:,} points take about {_gib(need)} "
+                            f"(host and device copies) but {_gib(have)} is available; lower the block size "
+                            f"(--block-size)")
+        inputs = block_inputs(key, r, self.cache, size)
+        shape = SimShape(items=k_pad, stages=n_pad, batches=nb, groups=k_pad if kind == "gpipe" else 1,
+                         release=Release.REQUEST if request else Release.STAGE,
+                         admission=Admission.SYNCHRONOUS if sync else Admission.STREAMING, mbkr=MBKRMode(mode))
+        sshape = ServingShape(prefill=shape._replace(batches=1), requests=R, gpipe=kind == "gpipe") if R else None
+        abstract = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=self.sharding), inputs)
+        program = self._compiled(shape, sshape, micro, abstract, label)
+        handle = program(*jax.device_put(inputs, self.sharding))
+        return _Pending(handle, r, key, inputs[1].get("arrivals"))
+
+
+class _Done:
+    def __init__(self, out: dict):
+        self.out = out
+
+    def result(self) -> dict:
+        return self.out
+
+
+class _Pending:
+    def __init__(self, handle, r, key, arrivals):
+        self.handle, self.r, self.key, self.arrivals = handle, r, key, arrivals
+
+    def result(self) -> dict:
+        out = _outputs_fast(jax.device_get(self.handle), self.r, self.key)
+        if self.arrivals is not None:
+            _check_e2e_clock(out, self.r, self.arrivals)
+        return out

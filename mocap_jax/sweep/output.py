@@ -1,0 +1,313 @@
+"""Sweep output: the columns, CSV and Parquet part files (atomic), and the final, point-ordered results.
+
+Every block becomes one part file, written to a temporary name and renamed into place
+(``os.replace``), so a part file is either complete or absent: a run killed at any moment leaves
+a directory that ``resume`` continues.  When every block exists, the parts are merged in point
+order into the results file (also written to a temporary name, then renamed), streaming, so
+memory stays bounded by the block size.
+
+Two formats, chosen by the results file's extension:
+
+* ``.csv``: text, one row per point, cells that do not apply empty; numbers as the shortest text
+  that reads back to the same float32/float64 value; identical inputs give byte-identical files.
+* ``.parquet``: typed columns (Parquet through pyarrow, readable by pandas and polars); simulated
+  outputs keep the run's float dtype, cells that do not apply are null, and ``batch`` is null for
+  ``"auto"``.  Needs the optional dependency: ``pip install "mocap_jax[parquet]"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import io
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..specs import SpecError
+from .config import DIE_FIELDS
+
+FORMATS = {"csv": ".csv", "parquet": ".parquet"}
+OUTPUT_COLUMNS = (
+    "feasible", "reason", "prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction",
+    "batch_used", "max_peak_mem_bytes", "max_kv_peak_bytes", "max_stage_weight_bytes",
+    "usable_hbm_bytes", "max_stage_utilisation", "spilled_bytes", "remote_read_s", "remote_read_unhidden_s",
+    "spill_write_s", "blocking_s", "migrate_s", "load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s",
+    "load_throughput_rps", "partition",
+)
+INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch",
+                 "microbatch", "placement", "release", "admission", "num_batches", "pairing", "p1", "p2",
+                 "read_overlap", "load", "requests", "arrivals", "granularity", "chains", "steps", "objective",
+                 "max_batch", "seed") + DIE_FIELDS
+RESOLVED_INPUTS = ("model", "hardware", "rows", "cols", "wafers", "stages") + DIE_FIELDS
+PROVENANCE_COLUMNS = ("mocap_jax_version", "config_hash", "device_kind", "devices", "bucket")
+COLUMNS = ("point_id",) + INPUT_COLUMNS + OUTPUT_COLUMNS + PROVENANCE_COLUMNS
+assert len(set(COLUMNS)) == len(COLUMNS)
+
+# Parquet column types ("sim": the run's float dtype)
+_STRINGS = {"scheme", "model", "hardware", "placement", "release", "admission", "pairing", "arrivals", "objective",
+    "reason", "partition", "mocap_jax_version", "config_hash", "device_kind"}
+_INTS = {"point_id", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch", "microbatch", "num_batches",
+         "requests", "granularity", "chains", "steps", "max_batch", "seed", "batch_used", "devices", "bucket"}
+_NUMPY_TYPES = {"bool": np.bool_, "int64": np.int64, "float": np.float32, "double": np.float64}
+_FLOAT64 = {"p1", "p2", "read_overlap", "load", "load_rps", *DIE_FIELDS}
+
+
+def fmt(v) -> str:
+    """A value as CSV text (empty for None)."""
+    if v is None:
+        return ""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if v == 0 or not math.isfinite(v):
+            return repr(v)
+        if v.is_integer() and abs(v) < 1e7:
+            return str(int(v))
+        if abs(v) >= 1e7 or abs(v) < 1e-4:
+            return np.format_float_scientific(v, trim="-", unique=True)
+        return np.format_float_positional(v, trim="-", unique=True)
+    return str(v)
+
+
+def pyarrow():
+    """The pyarrow module, or one clear error saying how to install it."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise SpecError('Parquet output needs pyarrow: pip install "mocap_jax[parquet]" (or pip install pyarrow), '
+                        'or write CSV') from None
+    return pa
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb" if isinstance(data, bytes) else "w", newline=None if isinstance(data, bytes) else "") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+class PartWriter:
+    """Turns a block's resolved inputs and output columns into one part file (CSV or Parquet)."""
+
+    def __init__(self, space, fmt_name: str, provenance: dict, dtype):
+        self.space = space
+        self.format = fmt_name
+        self.provenance = provenance
+        self.dtype = np.dtype(dtype)
+        # keys written as given (the rest are resolved: model and hardware names, mesh and die values)
+        self._text = {k: np.array([fmt(v) for v in t], dtype=object) for k, t in space.tables.items()
+                      if k in INPUT_COLUMNS and k not in RESOLVED_INPUTS}
+        if fmt_name == "parquet":
+            self.pa = pyarrow()
+
+    def _csv_inputs(self, r) -> dict:
+        cols = {}
+        for k in INPUT_COLUMNS:
+            if k == "stages":
+                cols[k] = r.stages.astype(str).astype(object)
+            elif k in self._text:
+                cols[k] = self._text[k][r.codes[k]]
+            else:
+                values, index = _resolved_values(k, r)
+                cols[k] = np.array([fmt(v) for v in values], dtype=object)[index]
+        return cols
+
+    def _arrow_inputs(self, r) -> dict:
+        pa = self.pa
+        cols = {"stages": pa.array(r.stages, pa.int64())}
+        for k in INPUT_COLUMNS:
+            if k == "stages":
+                continue
+            if k in self._text:
+                values, index = [None if v == "auto" else v for v in self.space.tables[k]], r.codes[k]
+            else:
+                values, index = _resolved_values(k, r)
+            cols[k] = pa.array(values, type=self.arrow_type(k)).take(pa.array(index))
+        return cols
+
+    def write(self, path: Path, r, outputs: dict, bucket: int) -> None:
+        if self.format == "csv":
+            write_atomic(path, self.csv_text(r, outputs, bucket))
+        else:
+            import pyarrow.parquet as pq
+
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            pq.write_table(self.table(r, outputs, bucket), tmp)
+            os.replace(tmp, path)
+
+    def csv_text(self, r, outputs: dict, bucket: int) -> str:
+        P = len(r.ids)
+        cols = {"point_id": r.ids.astype(str).astype(object), **self._csv_inputs(r)}
+        for k in OUTPUT_COLUMNS:
+            cols[k] = _csv_cells(outputs.get(k), P)
+        for k in PROVENANCE_COLUMNS:
+            cols[k] = np.full(P, str(bucket if k == "bucket" else self.provenance[k]), dtype=object)
+        ordered = [cols[k] for k in COLUMNS]
+        if any(("," in v) or ('"' in v) or ("\n" in v) for k in ("model", "hardware", "reason") for v in set(cols[k])):
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerows(zip(*ordered))
+            return buf.getvalue()
+        # nothing to quote: plain joins are several times faster than the csv module
+        return "\n".join([",".join(row) for row in zip(*ordered)]) + "\n"
+
+    def arrow_type(self, k: str):
+        pa = self.pa
+        if k == "feasible":
+            return pa.bool_()
+        if k in _STRINGS:
+            return pa.string()
+        if k in _INTS:
+            return pa.int64()
+        if k in _FLOAT64:
+            return pa.float64()
+        return pa.float32() if self.dtype == np.float32 else pa.float64()
+
+    def schema(self):
+        return self.pa.schema([(k, self.arrow_type(k)) for k in COLUMNS])
+
+    def table(self, r, outputs: dict, bucket: int):
+        pa = self.pa
+        P = len(r.ids)
+        cols = {"point_id": pa.array(r.ids, pa.int64()), **self._arrow_inputs(r)}
+        for k in OUTPUT_COLUMNS:
+            v = outputs.get(k)
+            if v is None:
+                v = np.full(P, None, dtype=object)
+            elif k in ("reason", "partition"):
+                v = np.array([x or None for x in v], dtype=object)
+            cols[k] = v
+        for k in PROVENANCE_COLUMNS:
+            cols[k] = np.full(P, bucket if k == "bucket" else self.provenance[k],
+                              dtype=np.int64 if k in _INTS else object)
+        arrays = []
+        for k in COLUMNS:
+            v, t = cols[k], self.arrow_type(k)
+            if isinstance(v, pa.Array):
+                arrays.append(v)
+            elif v.dtype == object:
+                arrays.append(pa.array(v.tolist(), type=t))
+            else:
+                arrays.append(pa.array(v.astype(_NUMPY_TYPES[str(t)]), type=t))
+        return pa.Table.from_arrays(arrays, schema=self.schema())
+
+
+def _resolved_values(k: str, r) -> tuple[list, np.ndarray]:
+    """Distinct values of a resolved input column and each point's index into them."""
+    if k == "model":
+        return [m.name for m in r.models], r.codes["model"]
+    return [h.name if k == "hardware" else getattr(h, k) for h in r.hw_specs], r.hw_inv
+
+
+def _csv_cells(v, P: int) -> np.ndarray:
+    if v is None:
+        return np.full(P, "", dtype=object)
+    if v.dtype == bool:
+        return np.where(v, "true", "false").astype(object)
+    if v.dtype == object:
+        return np.array([fmt(x) for x in v], dtype=object)
+    if v.dtype.kind == "f":   # format each distinct value once (by bit pattern, so -0.0 stays itself)
+        bits, inv = np.unique(v.view(f"u{v.dtype.itemsize}"), return_inverse=True)
+        return bits.view(v.dtype).astype(str).astype(object)[inv.reshape(-1)]
+    return v.astype(str).astype(object)
+
+
+def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None = None) -> int:
+    """Merge the part files (``parts[bucket]`` in block order, each sorted by point id) into one
+    results file in point order; return the number of feasible points."""
+    if results.suffix == ".parquet":
+        return _assemble_parquet(results, parts, writer)
+    fi = COLUMNS.index("feasible")
+
+    def stream(files):
+        for p in files:
+            with open(p, newline="") as fh:
+                for line in fh:
+                    yield int(line[: line.index(",")]), line
+
+    def feasible_of(line: str) -> bool:
+        if '"' in line:
+            return next(csv.reader([line]))[fi] == "true"
+        return line.split(",", fi + 1)[fi] == "true"
+
+    streams = [stream(files) for files in parts]
+    merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda x: x[0])
+    tmp = results.with_name(f"{results.name}.tmp{os.getpid()}")
+    feasible = 0
+    with open(tmp, "w", newline="") as fh:
+        fh.write(",".join(COLUMNS) + "\n")
+        buf = []
+        for _, line in merged:
+            feasible += feasible_of(line)
+            buf.append(line)
+            if len(buf) >= 8192:
+                fh.writelines(buf)
+                buf.clear()
+        fh.writelines(buf)
+    os.replace(tmp, results)
+    return feasible
+
+
+#: rows per row group of the assembled Parquet file
+ROW_GROUP = 1 << 16
+
+
+def _assemble_parquet(results: Path, parts: list[list[Path]], writer: PartWriter) -> int:
+    """Window merge: row group ``g`` holds ids ``[g * ROW_GROUP, (g + 1) * ROW_GROUP)``, taken from the
+    head of every bucket's stream of parts (each stream is sorted, every id appears once)."""
+    pa = writer.pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    streams = [iter(files) for files in parts]
+    heads = [None] * len(parts)   # the loaded, not yet written rows of each stream (a Table)
+    tmp = results.with_name(f"{results.name}.tmp{os.getpid()}")
+    feasible = 0
+    lo = 0
+    with pq.ParquetWriter(tmp, writer.schema()) as out:
+        while True:
+            hi = lo + ROW_GROUP
+            pieces = []
+            for i, files in enumerate(streams):
+                while heads[i] is None or (len(heads[i]) and heads[i]["point_id"][-1].as_py() < hi):
+                    nxt = next(files, None)
+                    if nxt is None:
+                        break
+                    t = pq.read_table(nxt)
+                    heads[i] = t if heads[i] is None else pa.concat_tables([heads[i], t])
+                h = heads[i]
+                if h is None or not len(h):
+                    continue
+                n = int(np.searchsorted(h["point_id"].to_numpy(), hi))
+                pieces.append(h.slice(0, n))
+                heads[i] = h.slice(n)
+            pieces = [p for p in pieces if len(p)]
+            if not pieces:
+                break
+            group = pa.concat_tables(pieces)
+            group = group.take(pc.sort_indices(group["point_id"]))
+            feasible += int(pc.sum(group["feasible"].cast(pa.int64())).as_py() or 0)
+            out.write_table(group)
+            lo = hi
+    os.replace(tmp, results)
+    return feasible
+
+
+def read_results(path) -> list[dict]:
+    """Rows of a results file as dicts (small sweeps; tests and notebooks): strings from a CSV file,
+    typed values (None where a cell does not apply) from a Parquet file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        pyarrow()
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))

@@ -1,0 +1,163 @@
+"""The Python API boundary: every argument either raises one ValueError with a message or gives an honest
+result (fuzzed), float32 against float64 at the extremes the validation admits, compile counts, and the
+honesty invariant of batched results."""
+
+import math
+
+import chex
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import mocap_jax as mj
+from mocap_jax.api import max_feasible_batch, max_feasible_seq_len, resolve, simulate, simulate_batch
+from mocap_jax.prefill import batch as prefill_batch
+from mocap_jax.prefill.batch import DishonestResult, check_honest
+from mocap_jax.specs import LIMITS
+
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70),
+                st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+                st.lists(st.integers(-5, 5), max_size=3), st.sampled_from([0, 1, 2, 4096, 4096.0, 4096.5, "4096"]))
+
+
+def _honest(r) -> None:
+    if r.feasible:
+        assert math.isfinite(r.prefill_latency_s) and r.prefill_latency_s > 0
+        assert math.isfinite(r.throughput_rps) and r.throughput_rps > 0
+        assert np.all(np.isfinite(r.peak_mem_bytes_per_stage)) and np.all(r.peak_mem_bytes_per_stage >= 0)
+    else:
+        assert r.prefill_latency_s == math.inf and r.throughput_rps == 0.0
+    assert not np.isnan(r.finish_times).any()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(["seq_len", "batch", "chunks", "num_batches", "microbatch", "stages", "p1", "p2",
+                              "read_overlap", "dtype", "release", "admission", "scheme", "pairing", "partition",
+                              "placement", "tp", "max_batch"]), value=ANY)
+def test_fuzzed_arguments_give_a_message_or_an_honest_result(field, value):
+    kw = dict(model="llama3.1-8b", hardware="mocap-2x2", seq_len=4096, scheme="mbkr", chunks=4, batch=2,
+              num_batches=1, timeline=False)
+    kw[field] = value
+    if field == "partition":
+        kw.pop("chunks")
+    try:
+        r = simulate(**kw)
+    except ValueError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    _honest(r)
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    (dict(num_batches=0), "num_batches"),
+    (dict(seq_len=math.inf), "integer"),
+    (dict(seq_len="4096"), "integer"),
+    (dict(seq_len=4096.5), "integer"),
+    (dict(batch=2.5), "integer"),
+    (dict(dtype="banana"), "dtype"),
+    (dict(partition=[2048, 0, 2048], chunks=None), "partition"),
+    (dict(seq_len=2 ** 31), "largest value"),
+    (dict(batch=2 ** 31), "largest value"),
+])
+def test_api_bad_input_is_a_value_error(kw, fragment):
+    args = dict(model="llama3.1-8b", hardware="mocap-2x2", seq_len=4096, chunks=4)
+    args.update(kw)
+    with pytest.raises(ValueError, match=fragment):
+        simulate(**args)
+
+
+def test_batched_bad_input_is_a_value_error():
+    with pytest.raises(ValueError, match="block_size"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 4096, block_size=-4)
+    with pytest.raises(ValueError, match="largest value"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 4096, batch=2 ** 31)
+    with pytest.raises(ValueError, match="different numbers"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", [4096, 8192], batch=[1, 2, 3])
+    with pytest.raises(ValueError, match="largest value"):
+        max_feasible_seq_len("llama3.1-8b", "mocap-2x2", max_seq_len=4611686018427387904)
+
+
+def test_the_largest_admitted_values_stay_honest_in_float32_and_agree_with_float64():
+    """At the validation's limits (the longest prompt, the largest batch) results are infeasible or
+    finite, and float32 matches float64 where it matters (latency, memory, feasibility)."""
+    for kw in (dict(seq_len=LIMITS["seq_len"], batch=1, chunks=64), dict(seq_len=4096, batch=LIMITS["batch"], chunks=4),
+               dict(seq_len=2 ** 20, batch=64, chunks=16)):
+        r32 = simulate("llama3.1-8b", "mocap-4x4", scheme="terapipe", num_batches=1, timeline=False, **kw)
+        r64 = simulate("llama3.1-8b", "mocap-4x4", scheme="terapipe", num_batches=1, timeline=False, dtype="float64",
+                       **kw)
+        _honest(r32)
+        assert r32.feasible == r64.feasible
+        assert r32.raw_latency_s == pytest.approx(r64.raw_latency_s, rel=1e-5)
+        np.testing.assert_allclose(r32.peak_mem_bytes_per_stage, r64.peak_mem_bytes_per_stage, rtol=1e-5)
+
+
+def test_batch_float32_agrees_with_float64():
+    rng = np.random.default_rng(0)
+    parts = rng.multinomial(65536 - 16, np.ones(16) / 16, size=64) + 1
+    kw = dict(batch=rng.integers(1, 64, 64), partition=parts, num_batches=2, placement="snake")
+    for scheme in ("terapipe", "mbkr"):
+        a = simulate_batch("llama3-70b", "mocap-4x4", 65536, scheme, **kw)
+        b = simulate_batch("llama3-70b", "mocap-4x4", 65536, scheme, dtype="float64", **kw)
+        np.testing.assert_array_equal(a["feasible"], b["feasible"])
+        np.testing.assert_allclose(a["raw_latency_s"], b["raw_latency_s"], rtol=1e-5)
+        np.testing.assert_allclose(a["peak_mem_bytes_per_stage"], b["peak_mem_bytes_per_stage"], rtol=1e-5)
+
+
+def test_one_compiled_program_per_bucket(monkeypatch):
+    """Every count, partition, batch and sequence length inside a bucket reuses one program."""
+    prefill_batch._program.cache_clear()
+    from mocap_jax.prefill import evaluate as ev
+
+    traced = chex.assert_max_traces(ev.evaluate, n=1)
+    monkeypatch.setattr(prefill_batch, "evaluate", traced)
+    chex.clear_trace_counter()
+    for P, S in ((3, 8192), (5, 16384), (8, 65536)):
+        simulate_batch("llama3.1-8b", "mocap-2x2", S, chunks=8, batch=np.arange(1, P + 1), num_batches=1,
+                       fields=("feasible",))
+
+
+def test_searches_agree_with_simulate():
+    B = max_feasible_batch("llama3-70b", "mocap-4x4", 131072, chunks=16)
+    assert simulate("llama3-70b", "mocap-4x4", 131072, chunks=16, batch=B, timeline=False).feasible
+    assert not simulate("llama3-70b", "mocap-4x4", 131072, chunks=16, batch=B + 1, timeline=False).feasible
+    S = max_feasible_seq_len("llama3-70b", "mocap-4x4", chunks=16, num_batches=1, granularity=65536)
+    assert simulate("llama3-70b", "mocap-4x4", S, chunks=16, num_batches=1, timeline=False).feasible
+    assert not simulate("llama3-70b", "mocap-4x4", S + 65536, chunks=16, num_batches=1, timeline=False).feasible
+
+
+def test_the_honesty_check_names_the_point():
+    out = {"feasible": np.array([True, True]), "prefill_latency_s": np.array([1.0, -3.0], np.float32)}
+    with pytest.raises(DishonestResult, match="point 1"):
+        check_honest(out)
+    check_honest({"feasible": np.array([False]), "prefill_latency_s": np.array([np.inf])})
+
+
+def test_top_level_exports():
+    assert mj.pipeline_latency(np.full((4, 3), 1.0)) == pytest.approx(6.0)
+    assert mj.uniform_partition(10, 4).tolist() == [3, 3, 2, 2]
+    assert resolve("llama3.1-8b", "mocap-2x2", 4096).stages == 4
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_random_valid_points_are_honest():
+    """>= 100,000 random valid points through simulate_batch: no NaN, no feasible point with a non-finite
+    latency, float32 within 1e-5 of float64 (relative)."""
+    rng = np.random.default_rng(2026)
+    total = 0
+    for model, hw in (("llama3.1-8b", "mocap-2x4"), ("llama3-70b", "mocap-4x4"), ("qwen3-30b-a3b", "mocap-2x2")):
+        for scheme in ("terapipe", "mbkr", "gpipe"):
+            P = 12_000
+            seq = rng.integers(16, 2 ** 22, P)
+            batch = rng.integers(1, 64, P)
+            kw = dict(batch=batch, num_batches=2, chunks=16, block_size=4096,
+                      fields=("feasible", "prefill_latency_s", "raw_latency_s", "peak_mem_bytes_per_stage"))
+            a = simulate_batch(model, hw, seq, scheme, **kw)
+            b = simulate_batch(model, hw, seq, scheme, dtype="float64", **kw)
+            for out in (a, b):
+                assert not np.isnan(out["raw_latency_s"]).any()
+                assert np.all(np.isfinite(out["prefill_latency_s"][out["feasible"]]))
+            both = a["feasible"] & b["feasible"]
+            np.testing.assert_allclose(a["raw_latency_s"][both], b["raw_latency_s"][both], rtol=1e-5)
+            total += P
+    assert total >= 100_000
