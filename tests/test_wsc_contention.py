@@ -51,12 +51,40 @@ def _points(config, n=40):
     return pts
 
 
+def _slow_setup(contention):
+    return su.build_setup("llama2-7b", SLOW, WORKLOAD_PRESETS["azure-conv"], "wsc", "greedy",
+                          config=dataclasses.replace(CONFIG, contention=contention))
+
+
 @pytest.fixture(scope="module")
 def runs():
+    """The cases (array program and reference) and, in the same compiled program, the congested case
+    under proportional sharing."""
     pts = _points(CONFIG)
-    arr = sv.simulate(pts, dtype=jnp.float64, keep_raw=True)
+    arr = sv.simulate(pts + [(_slow_setup("proportional"), pts[2][1])], dtype=jnp.float64, keep_raw=True)
     refs = [ref.reference_result(s, t) for s, t in pts]
     return pts, arr, refs
+
+
+# Contention off: what these cases gave before contention was modelled (float64), to rounding.
+PINNED = [
+    ("wsc-4x4", "wsc", "greedy", "azure-conv", 0.9, {"ttft_mean": 0.06474372648185803, "e2e_mean": 1.9958593733778465,
+                                                     "dram_util_mean": 0.2363544530521494}),
+    ("a100-cluster-2x8", "wsc", "greedy", "azure-code", 1.0, {"ttft_mean": 0.13277388295309397,
+                                                              "e2e_mean": 0.3782487839365239,
+                                                              "dram_util_mean": 0.20981319244257293}),
+]
+
+
+@pytest.fixture(scope="module")
+def off_runs(runs):
+    """The pinned cases and the congested case without contention: one compiled program."""
+    config = dataclasses.replace(CONFIG, contention="off")
+    pts = []
+    for k, (hw, sched, pol, wl, load, _) in enumerate(PINNED):
+        s = su.build_setup("llama2-7b", hw, WORKLOAD_PRESETS[wl], sched, pol, config=config)
+        pts.append((s, synthetic_trace(wl, 60, load * s.served_rps, seed=10 + k)))
+    return sv.simulate(pts + [(_slow_setup("off"), runs[0][2][1])], dtype=jnp.float64).results
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -70,40 +98,19 @@ def test_array_program_tracks_the_flow_reference(runs, case):
     assert ag["goodput_rel_err"] <= goodput_bound, (label, ag)
 
 
-def test_congestion_slows_serving(runs):
+def test_congestion_slows_serving(runs, off_runs):
     """On 50 GB/s links KV transfers overlap and share links: mean end-to-end latency rises over the
     contention-free model in the array program and in the reference (single requests may gain: a slower
     transfer changes which batch a request joins)."""
-    pts, arr, refs = runs
-    slow_off = su.build_setup("llama2-7b", SLOW, WORKLOAD_PRESETS["azure-conv"], "wsc", "greedy",
-                              config=dataclasses.replace(CONFIG, contention="off"))
-    off = sv.simulate([(slow_off, pts[2][1])], dtype=jnp.float64).results[0]
-    on, (r, _) = arr.results[2], refs[2]
-    for contended in (on, r):
+    _, arr, refs = runs
+    off = off_runs[-1]
+    for contended in (arr.results[2], refs[2][0]):
         assert contended.metrics["e2e_mean"] > (1 + 1e-4) * off.metrics["e2e_mean"]
     # proportional sharing gives small streams (collectives) less than max-min fairness does: never faster
-    prop = su.build_setup("llama2-7b", SLOW, WORKLOAD_PRESETS["azure-conv"], "wsc", "greedy",
-                          config=dataclasses.replace(CONFIG, contention="proportional"))
-    p = sv.simulate([(prop, pts[2][1])], dtype=jnp.float64).results[0]
-    assert p.metrics["e2e_mean"] >= on.metrics["e2e_mean"] * (1 - 1e-6)
+    assert arr.results[3].metrics["e2e_mean"] >= arr.results[2].metrics["e2e_mean"] * (1 - 1e-6)
 
 
-# Contention off: what these cases gave before contention was modelled (float64), to rounding.
-PINNED = [
-    ("wsc-4x4", "wsc", "greedy", "azure-conv", 0.9, {"ttft_mean": 0.06474372648185803, "e2e_mean": 1.9958593733778465,
-                                                     "dram_util_mean": 0.2363544530521494}),
-    ("a100-cluster-2x8", "wsc", "greedy", "azure-code", 1.0, {"ttft_mean": 0.13277388295309397,
-                                                              "e2e_mean": 0.3782487839365239,
-                                                              "dram_util_mean": 0.20981319244257293}),
-]
-
-
-def test_contention_off_reproduces_the_contention_free_model():
-    config = dataclasses.replace(CONFIG, contention="off")
-    pts = []
-    for k, (hw, sched, pol, wl, load, _) in enumerate(PINNED):
-        s = su.build_setup("llama2-7b", hw, WORKLOAD_PRESETS[wl], sched, pol, config=config)
-        pts.append((s, synthetic_trace(wl, 60, load * s.served_rps, seed=10 + k)))
-    for (*_, want), res in zip(PINNED, sv.simulate(pts, dtype=jnp.float64).results):
+def test_contention_off_reproduces_the_contention_free_model(off_runs):
+    for (*_, want), res in zip(PINNED, off_runs):
         for key, value in want.items():
             assert res.metrics[key] == pytest.approx(value, rel=1e-12), key
