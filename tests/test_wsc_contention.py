@@ -1,9 +1,11 @@
 """Link and DRAM contention: the array program against the flow-level reference, and contention off pinned.
 
 The reference re-shares bandwidth exactly at every stream start and end; the array program
-shares it once per stream, from per-resource totals.  Where no resource is over-subscribed the
-two agree to rounding; where one is, the array's error is bounded here by what it is measured to
-be (docs/wsc_llm.md, "Contention: array program vs reference").
+shares it once per stream, from per-resource totals.  Where no resource is over-subscribed
+(transfers through a decode instance, remote KV reads beside the remote die's own work on
+2 TB/s links) the two compute the same times to rounding; on 50 GB/s links, where KV transfers
+overlap, the array's error is bounded here by what it is measured to be (docs/wsc_llm.md,
+"Contention: array program vs reference").
 """
 
 import dataclasses
@@ -34,9 +36,9 @@ def long_trace(n, rate, seed=0):
 
 # (label, hardware, scheduler, memory policy, workload, load, mean E2E error bound, goodput error bound)
 CASES = [
-    ("transfers through a decode instance", "wsc-4x4", "splitwise", "local", "azure-code", 1.2, 0.01, 0.02),
-    ("remote KV reads and shared DRAM", TIGHT, "wsc", "greedy", "long", 12.0, 0.02, 0.05),
-    ("congested links", SLOW, "wsc", "greedy", "azure-conv", 1.0, 0.05, 0.10),
+    ("transfers through a decode instance", "wsc-4x4", "splitwise", "local", "azure-code", 1.2, 1e-9, 1e-9),
+    ("remote KV reads and shared DRAM", TIGHT, "wsc", "greedy", "long", 12.0, 1e-9, 1e-9),
+    ("congested links", SLOW, "wsc", "greedy", "azure-conv", 1.0, 0.005, 0.02),    # measured 0.16 %, 0
 ]
 
 

@@ -92,6 +92,7 @@ def baselines():
                             cluster="a100-cluster-2x8", config=CONFIG, seed=2)
 
 
+@pytest.mark.slow
 def test_baselines_table_gains_and_figures(baselines, tmp_path):
     res = baselines
     assert len(res.rows) == (4 + 4) * 2
@@ -119,7 +120,7 @@ def test_baselines_table_gains_and_figures(baselines, tmp_path):
         fg.run_latency_cdf(res, load=3.0)
 
 
-def test_explore_and_baselines_cli(tmp_path, capsys):
+def test_explore_cli(tmp_path, capsys):
     out, fig = tmp_path / "res", tmp_path / "ds.png"
     code = main(["wsc-llm", "explore", "--models", "llama2-7b", "--workloads", "code,conv", "--grids", "4x4",
                  "--dram-gb", "32,64", "--d2d-tbps", "1.5,2.5", "--loads", "1,2", "--requests", "40", "--seed", "1",
@@ -127,6 +128,11 @@ def test_explore_and_baselines_cli(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and fig.exists() and (out / "wsc_explore.csv").exists() and (out / "wsc_explore_best.csv").exists()
     assert len(d["best"]) == 4 and d["timing"]["points"] == 16
+
+
+@pytest.mark.slow
+def test_baselines_cli(tmp_path, capsys):
+    out = tmp_path / "res"
     code = main(["wsc-llm", "baselines", "--model", "llama2-7b", "--wafer", "wsc-4x4", "--cluster",
                  "a100-cluster-2x8", "--loads", "1,2", "--requests", "40", "--seed", "2", "--out", str(out),
                  "--figures-dir", str(tmp_path), *TINY])
@@ -158,6 +164,7 @@ def test_cli_bad_input_exit_2(args, fragment, capsys):
     assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_bench_wsc_serving_json(capsys):
     code = main(["bench", "wsc-serving", "--model", "llama2-7b", "--hardware", "wsc-4x4", "--points", "2",
                  "--requests", "40", "--json", *TINY])

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mocap_jax.specs import ModelSpec, SpecError, get_model
+from mocap_jax.specs import ModelSpec, SpecError, get_model, mesh
 from mocap_jax.wsc import perf
 from mocap_jax.wsc import plan as pl
 from mocap_jax.wsc.geometry import hop_matrix, route_incidence
@@ -117,7 +117,7 @@ def test_megatron_and_hybrid_split_by_hand():
 
 
 def test_ring_profiles_and_all_reduce_by_hand():
-    assert pl.ring_order(2, 2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    assert mesh.ring_order(2, 2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
     p22 = pl.tp_plan(TOY, HW, pl.InstanceConfig(2, 2))
     assert (float(p22.ring_hops), float(p22.ring_load)) == (1.0, 1.0)  # a Hamiltonian cycle of neighbours
     p14 = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 4))

@@ -100,6 +100,7 @@ def test_searched_optimum_beats_heuristics(small_case):
     assert small_case[1.0][1] == 4.0  # each prefill next to a decode instance
 
 
+@pytest.mark.slow
 def test_annealing_finds_the_exhaustive_optimum(small_case):
     starts = [plc.decode_centred_placement(W34, (1, 1), 4, (1, 2), 2, a) for a in small_case]
     res = plc.anneal_placements(W34, starts, list(small_case), chains=8, steps=600, seed=1)

@@ -11,6 +11,8 @@ import pytest
 from mocap_jax.cli import main
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import memory as mem
+from mocap_jax.wsc import reference as ref
+from mocap_jax.wsc.metrics import agreement
 from mocap_jax.wsc import serving as sv
 from mocap_jax.wsc import serving_inputs as si
 from mocap_jax.wsc import setup as su
@@ -56,6 +58,14 @@ def test_conservation_every_request_once_and_tokens_add_up(setup):
     assert 0.0 <= m["slo_attainment"] <= 1.0 and m["goodput_rps"] == pytest.approx(m["slo_attainment"] * tr.rate)
     # shortest-queue dispatch spreads the requests over the prefill instances
     assert len(set(raw["pinst"].tolist())) == setup.n_prefill
+
+
+def test_float32_program_with_contention_agrees_with_the_float64_reference(setup):
+    """The default program (float32, max-min contention) against the event-driven reference (float64)."""
+    res = _run(setup, seed=2, n=30)
+    ag = agreement(res, ref.reference_result(setup, res.trace)[0])
+    assert ag["same_finished"]
+    assert ag["e2e_mean_rel_err"] < 1e-4 and ag["ttft_mean_rel_err"] < 1e-3 and ag["aggregate_max_rel_err"] < 1e-3
 
 
 def test_determinism_under_a_seed(setup):

@@ -98,6 +98,7 @@ def test_cases_exercise_the_contract(runs):
     assert a.metrics["dropped"] == 1 and a.metrics["finished"] == len(tr) - 1
 
 
+@pytest.mark.slow
 def test_float32_program_agrees_with_float64_reference(runs):
     pts, _, refs = runs
     arr32 = sv.simulate(pts, dtype=jnp.float32)
@@ -108,6 +109,7 @@ def test_float32_program_agrees_with_float64_reference(runs):
         assert ag["aggregate_max_rel_err"] < 1e-3
 
 
+@pytest.mark.slow
 def test_leap_and_admission_batching_do_not_change_results(runs):
     """Fast-forwarding quiet decode iterations and continuing long boundaries are bookkeeping only."""
     pts, arr, _ = runs

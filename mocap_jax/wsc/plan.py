@@ -99,31 +99,6 @@ class InstanceConfig:
         return f"{self.rows}x{self.cols}/{self.strategy}"
 
 
-def ring_order(rows: int, cols: int) -> list[tuple[int, int]]:
-    """Cells of a ``rows x cols`` rectangle in ring order.
-
-    A Hamiltonian cycle of neighbours when one side is even and both are >= 2
-    (every ring step is one hop); otherwise a boustrophedon path whose closing step
-    (last to first) is several hops long.
-    """
-    if rows == 1 or cols == 1:
-        return [(r, c) for r in range(rows) for c in range(cols)]
-    if rows % 2 and not cols % 2:
-        return [(r, c) for c, r in ring_order(cols, rows)]
-    if rows % 2 == 0:
-        cells = [(0, c) for c in range(cols)]
-        for r in range(1, rows):
-            span = range(cols - 1, 0, -1) if r % 2 else range(1, cols)
-            cells += [(r, c) for c in span]
-        cells += [(r, 0) for r in range(rows - 1, 0, -1)]
-        return cells
-    cells = []
-    for r in range(rows):
-        span = range(cols) if r % 2 == 0 else range(cols - 1, -1, -1)
-        cells += [(r, c) for c in span]
-    return cells
-
-
 def _ring_profile(is_mesh: bool, rows: int, cols: int, rings: list[list[tuple[int, int]]]):
     """(max hops, max link load, crosses nodes) of concurrent rings inside a rows x cols instance."""
     rings = [r for r in rings if len(r) > 1]
@@ -149,7 +124,7 @@ def instance_rings(model: ModelSpec, config: InstanceConfig) -> tuple[list[tuple
     attention group of ``s = t / gcd(t, kv_heads)`` consecutive ring members (``megatron``:
     single-cell groups, no group collectives).
     """
-    order = ring_order(config.rows, config.cols)
+    order = _mesh.ring_order(config.rows, config.cols)
     if config.strategy == "megatron":
         return order, [[cell] for cell in order]
     kv_heads = 1 if model.attention == "mla" else model.kv_heads
@@ -254,5 +229,5 @@ def model_params(model: ModelSpec, dtype=jnp.float32) -> ModelParams:
 
 
 
-__all__ = ["STRATEGIES", "TPPlan", "InstanceConfig", "ring_order", "instance_rings", "tp_plan", "stack_plans",
+__all__ = ["STRATEGIES", "TPPlan", "InstanceConfig", "instance_rings", "tp_plan", "stack_plans",
            "model_params"]
