@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mocap_jax.specs import HardwareSpec, ModelSpec
-from mocap_jax.validation import calibrate as cal
+from mocap_jax.validation import calibration as cal
 from mocap_jax.cli import calibrate as calibrate_cli
 
 MAPE_BOUND = 15.0  # percent, held-out cells, --size small on a 2-core CPU

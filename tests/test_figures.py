@@ -21,7 +21,8 @@ def test_gantt_figure(tmp_path):
 
 
 def test_chunks_figure(tmp_path):
-    d = chunks.run_chunks("llama3.1-8b", "mocap-2x2", 16384, chunks=4, granularity=512, chains=8, steps=10)
+    d = chunks.run_chunks("llama3.1-8b", "mocap-2x2", 16384, chunks=4, granularity=512, chains=8, steps=10,
+                         scheme="lbcp")
     assert d["annealed_partition"].sum() == 16384 and len(d["uniform_chunk_time_s"]) == 4
     chunks.plot_chunks(d, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000

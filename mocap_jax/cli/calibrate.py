@@ -1,4 +1,4 @@
-"""``mocap-jax calibrate``: fit the §4 cost model to measured chunked prefill (DESIGN §9.2).
+"""``mocap-jax calibrate``: fit the roofline cost model to measured chunked prefill.
 
 Registered by :mod:`mocap_jax.cli` through :func:`register`.
 """
@@ -14,15 +14,15 @@ DEFAULT_FIGURE = "figures/calibration.png"
 
 def register(subparsers, bench_subparsers=None) -> None:
     """Add the ``calibrate`` sub-command (``bench_subparsers`` is accepted for the common signature; unused)."""
-    from ..validation.calibrate import SIZES
+    from ..validation.calibration import SIZES
 
     p = subparsers.add_parser(
         "calibrate",
-        help="measure chunked prefill of a small transformer on this device and fit the §4 cost model to it",
+        help="measure chunked prefill of a small transformer on this device and fit the cost model to it",
         description=(
             "Run chunked prefill of a small Llama-style transformer (random weights, GQA attention over a KV "
             "cache, SwiGLU MLP) with JAX on the local device for a grid of (chunk size, prefix length, batch), "
-            "fit the efficiencies and per-layer overhead of the §4 roofline cost model on a seeded random 60% "
+            "fit the efficiencies and per-layer overhead of the roofline cost model on a seeded random 60% "
             "of the cells, and report its MAPE on the other 40% next to a linear least-squares baseline. On a "
             "CPU the timings come from a separate single-threaded process, by its CPU clock (latency on one "
             "dedicated core, robust to other load on the machine)."),
@@ -49,7 +49,7 @@ def _path_or_none(value):
 
 
 def run_calibrate_command(args) -> int:
-    from ..validation.calibrate import run_calibration
+    from ..validation.calibration import run_calibration
 
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
@@ -82,7 +82,7 @@ def format_summary(report: dict) -> str:
         return "" if ident.get(name, True) else "  (not identified: its roofline branch binds on no training cell)"
 
     lines = [
-        f"calibration of the §4 cost model: size {report['size']}, device {report['device']} "
+        f"calibration of the cost model: size {report['size']}, device {report['device']} "
         f"({report.get('device_info', {}).get('execution', '')}), {report['dtype']}",
         f"  model: {m['layers']} layers, hidden {m['hidden']}, FFN {m['ffn']}, GQA {m['q_heads']}/{m['kv_heads']} "
         f"heads x {m['head_dim']}",

@@ -108,11 +108,11 @@ def calibration_check(size: str = "small") -> dict[str, Any]:
     """The calibration check, if its module is installed: ``{"available": True, "calibration_mape": ...}``
     (MAPEs in percent; scalar fields only), else ``{"available": False, "reason": ...}``."""
     try:
-        from ..validation.calibrate import run_calibration
+        from ..validation.calibration import run_calibration
     except ImportError as e:
-        if e.name != "mocap_jax.validation.calibrate":
+        if e.name != "mocap_jax.validation.calibration":
             raise
-        return {"available": False, "reason": "mocap_jax.validation.calibrate is not installed"}
+        return {"available": False, "reason": "mocap_jax.validation.calibration is not installed"}
     res = run_calibration(size=size)
     out = {"available": True}
     out.update({k: v for k, v in res.items() if isinstance(v, (int, float, str, bool)) or v is None})

@@ -136,7 +136,7 @@ class HardwareSpec:
 
 
 def mocap_wafer(rows: int = 4, cols: int = 4, wafers: int = 1, **changes) -> HardwareSpec:
-    """The MOCAP Blackwell-class die (DESIGN §2) on a ``rows x cols`` mesh, ``wafers`` side by side."""
+    """The MOCAP Blackwell-class die on a ``rows x cols`` mesh, ``wafers`` side by side."""
     name = f"mocap-{rows}x{cols}" + (f"x{wafers}w" if wafers > 1 else "")
     return HardwareSpec(name=changes.pop("name", name), rows=rows, cols=cols, wafers=wafers,
                         description=changes.pop("description", "Blackwell-class dies, 4.5 PFLOP/s FP8, 180 GB HBM, 5 TB/s D2D"),

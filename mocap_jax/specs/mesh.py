@@ -1,4 +1,4 @@
-"""Die grid geometry and dimension-order (XY) routing (DESIGN §2).
+"""Die grid geometry and dimension-order (XY) routing.
 
 Host-side NumPy helpers: they turn a :class:`~mocap_jax.specs.HardwareSpec` and a
 stage-to-die map into the small arrays the jitted kernels consume (hop counts and

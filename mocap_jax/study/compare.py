@@ -217,7 +217,9 @@ def _e2e(plan: SchemePlan, result, load: float, st: CompareSettings) -> dict:
         k = bucket(len(part))
         partition = np.concatenate([part, np.zeros(k - len(part), np.int32)])
     shape = cfg.shape(k)._replace(batches=1)
-    point = cfg.point(k)
+    # the serving program rebuilds each batch's items from ``partition``; the point only carries the
+    # costs, so it is built from the same chunks (TeraPipe's plan may slice into fewer than cfg's)
+    point = (cfg if gpipe else dataclasses.replace(cfg, partition=part)).point(k)
     extra = np.zeros((k, shape.stages), cfg.dtype)
     plain_cap = cfg.batch
     if "mbkr_extra_times" in result.extra and plan.items is None:

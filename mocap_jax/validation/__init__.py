@@ -5,7 +5,7 @@
   identical, over random configurations;
 * :mod:`.agreement_mbkr` -- the array program's MBKR against the reference near the memory limit;
 * :mod:`.benchmark` -- the speed of the vectorised evaluator against the reference;
-* :mod:`.calibrate` -- the cost model against measured chunked-prefill execution;
+* :mod:`.calibration` -- the cost model against measured chunked-prefill execution;
 * :mod:`.profiles` -- the cost model against measured GPU operator profiles (Vidur CSV layout);
 * :mod:`.published` -- the simulator against published end-to-end prefill measurements.
 
