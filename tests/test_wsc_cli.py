@@ -1,6 +1,7 @@
 """``mocap-jax wsc-llm ...``: JSON and readable output; bad input -> one line on stderr and exit code 2."""
 
 import json
+import re
 
 import pytest
 
@@ -72,4 +73,5 @@ def test_bad_input_exit_2_one_line(args, fragment, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert fragment in err and "Traceback" not in err
-    assert err.count("\n") == 1 and err.startswith("mocap-jax wsc-llm: error:")
+    # one line, prefixed by the command and sub-command that failed
+    assert err.count("\n") == 1 and re.match(rf"mocap-jax wsc-llm {args[1]}: error: ", err), err

@@ -11,18 +11,19 @@ from mocap_jax.specs import SpecError
 from mocap_jax.wsc import baselines as bl
 from mocap_jax.wsc import explore as ex
 from mocap_jax.wsc import figures as fg
-from mocap_jax.wsc import serving as sv
+from mocap_jax.wsc import ranking as rk
+from mocap_jax.wsc import setup as su
 
-CONFIG = sv.ServingConfig(max_batch=32)
+CONFIG = su.ServingConfig(max_batch=32)
 TINY = ["--max-batch", "32"]
 
 
 def test_template_points():
     pts = ex.template_points()
-    assert len(pts) == 2 * 5 * 3
+    assert len(pts) == 2 * 3 * 3
     p = pts[0]
     assert (p.rows, p.cols) == (6, 9) and p.dram_tbps == p.dram_gb / 32  # 32 GB <-> 1 TB/s, 64 <-> 2, 96 <-> 3
-    assert {(q.dram_gb, q.dram_tbps) for q in pts} == {(32, 1), (48, 1.5), (64, 2), (80, 2.5), (96, 3)}
+    assert {(q.dram_gb, q.dram_tbps) for q in pts} == {(32, 1), (64, 2), (96, 3)}
     full = ex.template_points(((6, 9),), (32, 64), (2.0,), dram_tbps=(1, 3))
     assert [(q.dram_gb, q.dram_tbps) for q in full] == [(32, 1), (32, 3), (64, 1), (64, 3)]
     assert p.spec().dram_capacity == 32e9 and p.spec().num_dies == 54
@@ -37,8 +38,8 @@ def test_template_points():
 @pytest.fixture(scope="module")
 def explored():
     hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
-    return ex.explore(models=("llama2-7b",), workloads=("azure-code", "azure-conv"), loads=(1.0, 2.0), hardware=hw,
-                      requests=40, config=CONFIG, seed=1)
+    sweep = ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
+    return ex.explore(sweep, CONFIG)
 
 
 def test_explore_rows_best_and_csv(explored, tmp_path):
@@ -50,7 +51,7 @@ def test_explore_rows_best_and_csv(explored, tmp_path):
         rates = {r["rate_rps"] for r in res.rows if r["workload"] == w and r["load"] == 1.0}
         assert len(rates) == 1
     # the best design per workload maximises its score among the explored points
-    sc = ex.scores(res.rows)
+    sc = rk.scores(res.rows)
     assert {b["subset"] for b in res.best} == {"all", "shoreline"}  # 32 GB / 1 TB/s / 2.5 TB/s is on the line
     assert [b["hardware"] for b in res.best if b["subset"] == "shoreline"] == ["4x4 32GB 1TB/s D2D 2.5TB/s"] * 2
     for b in [b for b in res.best if b["subset"] == "all"]:
@@ -73,16 +74,16 @@ def test_design_space_figure_run_and_plot(explored, tmp_path):
     assert path.exists() and path.stat().st_size > 10_000
 
 
-def test_explore_bad_input():
-    hw = ex.template_points(((4, 4),), (32,), (2.0,))
+def test_sweep_bad_input():
+    hw = tuple(ex.template_points(((4, 4),), (32,), (2.0,)))
     with pytest.raises(SpecError, match="loads must be positive"):
-        ex.explore(("llama2-7b",), ("code",), (-1.0,), hw, requests=10)
+        ex.Sweep(("llama2-7b",), ("code",), (-1.0,), hw, requests=10)
     with pytest.raises(SpecError, match="unknown workload"):
-        ex.explore(("llama2-7b",), ("chat",), (1.0,), hw, requests=10)
+        ex.Sweep(("llama2-7b",), ("chat",), (1.0,), hw, requests=10)
     with pytest.raises(ValueError, match="unknown model"):
-        ex.explore(("gpt-5",), ("code",), (1.0,), hw, requests=10)
-    with pytest.raises(SpecError, match="requests must be an integer"):
-        ex.explore(("llama2-7b",), ("code",), (1.0,), hw, requests=1)
+        ex.Sweep(("gpt-5",), ("code",), (1.0,), hw, requests=10)
+    with pytest.raises(SpecError, match="requests must be an integer >= 2"):
+        ex.Sweep(("llama2-7b",), ("code",), (1.0,), hw, requests=1)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,7 @@ def baselines():
                             cluster="a100-cluster-2x8", config=CONFIG, seed=2)
 
 
+@pytest.mark.slow
 def test_baselines_table_gains_and_figures(baselines, tmp_path):
     res = baselines
     assert len(res.rows) == (4 + 4) * 2
@@ -118,7 +120,7 @@ def test_baselines_table_gains_and_figures(baselines, tmp_path):
         fg.run_latency_cdf(res, load=3.0)
 
 
-def test_explore_and_baselines_cli(tmp_path, capsys):
+def test_explore_cli(tmp_path, capsys):
     out, fig = tmp_path / "res", tmp_path / "ds.png"
     code = main(["wsc-llm", "explore", "--models", "llama2-7b", "--workloads", "code,conv", "--grids", "4x4",
                  "--dram-gb", "32,64", "--d2d-tbps", "1.5,2.5", "--loads", "1,2", "--requests", "40", "--seed", "1",
@@ -126,6 +128,11 @@ def test_explore_and_baselines_cli(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and fig.exists() and (out / "wsc_explore.csv").exists() and (out / "wsc_explore_best.csv").exists()
     assert len(d["best"]) == 4 and d["timing"]["points"] == 16
+
+
+@pytest.mark.slow
+def test_baselines_cli(tmp_path, capsys):
+    out = tmp_path / "res"
     code = main(["wsc-llm", "baselines", "--model", "llama2-7b", "--wafer", "wsc-4x4", "--cluster",
                  "a100-cluster-2x8", "--loads", "1,2", "--requests", "40", "--seed", "2", "--out", str(out),
                  "--figures-dir", str(tmp_path), *TINY])
@@ -141,7 +148,12 @@ def test_explore_and_baselines_cli(tmp_path, capsys):
     (["explore", "--grids", "4by4"], "die grids are given as RxC"),
     (["explore", "--workloads", "chat"], "unknown workload"),
     (["explore", "--dram-gb", "abc"], "--dram-gb expects comma-separated numbers"),
-    (["explore", "--window-s", "0"], "--window-s must be positive"),
+    (["explore", "--window-s", "0"], "--window-s must be > 0"),
+    (["explore", "--grids", "0x9"], "rows and cols must be positive"),
+    (["explore", "--grids", "6xa"], "die grids are given as RxC"),
+    (["explore", "--dram-gb", "0,64"], "--dram-gb values must be positive"),
+    (["explore", "--d2d-tbps", "-1"], "--d2d-tbps values must be positive"),
+    (["explore", "--contention", "fair"], "unknown contention rule 'fair'"),
     (["baselines", "--cluster", "wsc-4x4"], "must be a GPU cluster"),
     (["baselines", "--loads", "0"], "--loads values must be positive"),
     (["baselines", "--model", "nope"], "unknown model"),
@@ -152,6 +164,7 @@ def test_cli_bad_input_exit_2(args, fragment, capsys):
     assert code == 2 and fragment in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_bench_wsc_serving_json(capsys):
     code = main(["bench", "wsc-serving", "--model", "llama2-7b", "--hardware", "wsc-4x4", "--points", "2",
                  "--requests", "40", "--json", *TINY])

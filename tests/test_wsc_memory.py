@@ -5,19 +5,23 @@ import numpy as np
 import pytest
 
 from mocap_jax.specs import SpecError, get_model
+from mocap_jax.wsc import layout as lay_
 from mocap_jax.wsc import memory as mem
-from mocap_jax.wsc import perf
+from mocap_jax.wsc import memory_optimal as mopt
+from mocap_jax.wsc import memory_sim as msim
 from mocap_jax.wsc import placement as plc
+from mocap_jax.wsc import perf
+from mocap_jax.wsc import plan as pl
 from mocap_jax.wsc.hardware import wsc_wafer
-from mocap_jax.wsc.workload import get_workload
+from mocap_jax.wsc.traces import get_workload
 
 W34 = wsc_wafer(3, 4)
 
 
 def layout34():
     # prefill P0 at (0,0), P1 at (2,3); decode D0 (1x2) at (0,2)-(0,3), D1 (1x2) at (2,0)-(2,1)
-    return plc.Layout(3, 4, (plc.Instance("decode", 0, 2, 1, 2), plc.Instance("decode", 2, 0, 1, 2),
-                             plc.Instance("prefill", 0, 0, 1, 1), plc.Instance("prefill", 2, 3, 1, 1)))
+    return lay_.Layout(3, 4, (lay_.Instance("decode", 0, 2, 1, 2), lay_.Instance("decode", 2, 0, 1, 2),
+                             lay_.Instance("prefill", 0, 0, 1, 1), lay_.Instance("prefill", 2, 3, 1, 1)))
 
 
 @pytest.mark.parametrize("xp", [np, jnp])
@@ -63,11 +67,11 @@ def test_remote_kv_for_the_decode_model():
     assert float(r.tokens.sum()) == 100.0 and float(r.hops[5]) == 2.0
     assert float(r.ingress_links) == 3  # (0,1)->(0,2), (1,2)->(0,2), (1,3)->(0,3)
     model = get_model("llama2-7b")
-    mp = perf.model_params(model, jnp.float64)
+    mp = pl.model_params(model, jnp.float64)
     from mocap_jax.wsc.hardware import WaferParams
 
     hw = WaferParams.from_spec(W34, jnp.float64)
-    plan = perf.tp_plan(model, W34, perf.InstanceConfig(1, 2), jnp.float64)
+    plan = pl.tp_plan(model, W34, pl.InstanceConfig(1, 2), jnp.float64)
     t_remote = perf.decode_iteration_time(mp, hw, plan, jnp.array([150.0]), remote=r)
     assert float(t_remote) > float(perf.decode_iteration_time(mp, hw, plan, jnp.array([150.0])))
     with pytest.raises(SpecError, match="out of range"):
@@ -100,10 +104,10 @@ def test_greedy_schedule_invariants_and_head_of_line():
 
 def test_optimal_allocation_by_hand_and_grouping():
     # one request of 8 bytes, two dies: die 0 costs 0 with 5 free, die 1 costs 1 with 10 free
-    x = mem.optimal_allocation([5.0, 10.0], [8.0], [[0.0, 1.0]])
+    x = mopt.optimal_allocation([5.0, 10.0], [8.0], [[0.0, 1.0]])
     assert np.allclose(x, [[5, 3]], atol=1e-6)
     # two identical requests (grouped in the LP) and one with other costs; more demand than room
-    x = mem.optimal_allocation([4.0, 4.0, 4.0], [3.0, 3.0, 9.0], [[0, 1, 2], [0, 1, 2], [2, 1, 0]])
+    x = mopt.optimal_allocation([4.0, 4.0, 4.0], [3.0, 3.0, 9.0], [[0, 1, 2], [0, 1, 2], [2, 1, 0]])
     assert x.sum() == pytest.approx(12.0)                           # all room used
     assert np.all(x.sum(0) <= np.array([4, 4, 4]) + 1e-6) and np.all(x.sum(1) <= np.array([3, 3, 9]) + 1e-6)
     assert np.allclose(x[0], x[1])                                  # identical requests split alike
@@ -117,13 +121,13 @@ def pressured():
     model = get_model("llama2-7b")
     wafer = wsc_wafer(3, 4, dram_gb=24)
     layout = plc.decode_centred_placement(wafer, (1, 1), 8, (1, 2), 2, 1.0)
-    pc, dc = perf.InstanceConfig(1, 1), perf.InstanceConfig(1, 2)
+    pc, dc = pl.InstanceConfig(1, 1), pl.InstanceConfig(1, 2)
     wl = get_workload("azure-conv")
     budget = mem.die_budget(model, wafer, layout, pc, dc, 2048, 512, wl.max_prompt)
     arr, prompt, out = wl.with_rate(60.0).sample(400, seed=2)
     kvb = model.kv_bytes_per_token_layer(2) * model.layers
-    reqs = mem.synthetic_requests(layout, prompt, out, arr, 0.13, 2048, kvb, 0.03)
-    sims = {p: mem.simulate_kv(wafer, layout, budget, reqs, 256, p) for p in mem.POLICIES}
+    reqs = msim.synthetic_requests(layout, prompt, out, arr, 0.13, 2048, kvb, 0.03)
+    sims = {p: msim.simulate_kv(wafer, layout, budget, reqs, 256, p) for p in mem.POLICIES}
     return wafer, layout, budget, reqs, sims
 
 
@@ -136,7 +140,7 @@ def test_die_budget(pressured):
     pre_die = int(np.flatnonzero(occ == 2)[0])
     assert budget.free[dec_die] > budget.free[pre_die]
     with pytest.raises(SpecError, match="needs"):
-        mem.die_budget(get_model("llama3-70b"), wafer, layout, perf.InstanceConfig(1, 1), perf.InstanceConfig(1, 2))
+        mem.die_budget(get_model("llama3-70b"), wafer, layout, pl.InstanceConfig(1, 1), pl.InstanceConfig(1, 2))
 
 
 def test_simulation_invariants(pressured):
@@ -162,7 +166,7 @@ def test_snapshot_greedy_local_optimal(pressured):
     g = sims["greedy"]
     ids = g.resident_at(g.peak_kv_s)
     assert len(ids) > 3
-    res = {r.policy: r for r in mem.compare_snapshot(wafer, layout, budget.free, reqs.prefill[ids],
+    res = {r.policy: r for r in mopt.compare_snapshot(wafer, layout, budget.free, reqs.prefill[ids],
                                                       g.request_decode[ids], reqs.kv_bytes[ids])}
     opt, gr, lo = res["optimal-lp"], res["greedy"], res["local"]
     assert opt.placed_bytes >= gr.placed_bytes - 1e-3 * gr.demand_bytes
@@ -176,7 +180,7 @@ def test_snapshot_greedy_local_optimal(pressured):
 
 def test_bad_memory_input():
     with pytest.raises(SpecError, match="decode_batch"):
-        mem.simulate_kv(W34, layout34(), None, None, 0)
+        msim.simulate_kv(W34, layout34(), None, None, 0)
     with pytest.raises(SpecError, match="at least one prefill"):
-        mem.synthetic_requests(plc.Layout(3, 4, (plc.Instance("decode", 0, 0, 1, 1),)), [10], [5], [0.0], 0.1,
+        msim.synthetic_requests(lay_.Layout(3, 4, (lay_.Instance("decode", 0, 0, 1, 1),)), [10], [5], [0.0], 0.1,
                                2048, 1.0, 0.01)

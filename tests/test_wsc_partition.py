@@ -11,9 +11,10 @@ import pytest
 
 from mocap_jax.specs import SpecError, get_model
 from mocap_jax.wsc import partition as part
-from mocap_jax.wsc import perf
+from mocap_jax.wsc import plan as pl
 from mocap_jax.wsc.hardware import WaferParams, a100_cluster, wsc_wafer
-from mocap_jax.wsc.workload import WORKLOAD_PRESETS, WorkloadParams, WorkloadSpec, get_workload
+from mocap_jax.wsc.traces import get_workload, workload_from_trace
+from mocap_jax.wsc.workload import WORKLOAD_PRESETS, WorkloadParams, WorkloadSpec
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-inference-2023"
 
@@ -33,7 +34,7 @@ def test_workload_moments_by_hand():
 @pytest.mark.skipif(not TRACES.exists(), reason="shared Azure traces not present")
 def test_embedded_workloads_match_traces():
     for name, file in (("azure-code", "code.csv"), ("azure-conv", "conv.csv")):
-        w = WorkloadSpec.from_trace(TRACES / file, name=name)
+        w = workload_from_trace(TRACES / file, name=name)
         p = WORKLOAD_PRESETS[name]
         assert w.rate == pytest.approx(p.rate, rel=1e-3)
         assert np.allclose(w.prompt_tokens, p.prompt_tokens) and np.allclose(w.output_tokens, p.output_tokens)
@@ -63,12 +64,15 @@ def _brute_pack(rows, cols, rects):
     return rec(0)
 
 
+_goodput = jax.jit(part.instance_goodput, static_argnames="max_batch")
+
+
 def _single(model, wafer, wl, targets, cfg, max_batch):
-    plan = perf.stack_plans([perf.tp_plan(model, wafer, cfg)])
-    out = part._goodput_batch(perf.model_params(model), WaferParams.from_spec(wafer), plan,
-                              WorkloadParams.from_spec(wl), targets, max_batch)
-    return float(out["prefill_rps_per_die"][0]), float(out["decode_rps_per_die"][0]), \
-        float(out["prefill_rps"][0]), float(out["decode_rps"][0])
+    plan = pl.tp_plan(model, wafer, cfg)
+    out = _goodput(pl.model_params(model), WaferParams.from_spec(wafer), plan, WorkloadParams.from_spec(wl),
+                                targets, max_batch=max_batch)
+    return float(out["prefill_rps_per_die"]), float(out["decode_rps_per_die"]), float(out["prefill_rps"]), \
+        float(out["decode_rps"])
 
 
 def test_partition_matches_brute_force_on_small_mesh():
@@ -79,8 +83,8 @@ def test_partition_matches_brute_force_on_small_mesh():
     targets = part.ServingTargets.make(2048, 0.1, 10.0)
     brute = {}
     for h, w in itertools.product(range(1, 3), range(1, 4)):  # every rectangle, both orientations separately
-        for s in perf.STRATEGIES:
-            brute[(h, w, s)] = _single(model, wafer, wl, targets, perf.InstanceConfig(h, w, s), 128)
+        for s in pl.STRATEGIES:
+            brute[(h, w, s)] = _single(model, wafer, wl, targets, pl.InstanceConfig(h, w, s), 128)
     assert brute[(1, 1, "megatron")][:2] == (0.0, 0.0)  # the weights do not fit a single die
     best_pre = max(v[0] for v in brute.values())
     best_dec = max(v[1] for v in brute.values())
@@ -146,10 +150,10 @@ def test_goodput_vmaps_over_design_points():
     model = get_model("llama2-7b")
     base = wsc_wafer(6, 9)
     pts, grid = design_points(base, dram_capacity=[32e9, 64e9, 96e9], dram_bandwidth=[1e12, 3e12])
-    plan = perf.tp_plan(model, base, perf.InstanceConfig(1, 2))
+    plan = pl.tp_plan(model, base, pl.InstanceConfig(1, 2))
     wl = WorkloadParams.from_spec(get_workload("azure-conv"))
     targets = part.ServingTargets.make()
-    mp = perf.model_params(model)
+    mp = pl.model_params(model)
     f = jax.jit(jax.vmap(lambda hw: part.instance_goodput(mp, hw, plan, wl, targets, 256)))
     out = jax.tree_util.tree_map(np.asarray, f(pts))
     # more DRAM capacity -> larger decode batch (or equal); more bandwidth -> more decode goodput

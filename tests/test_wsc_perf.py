@@ -5,10 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mocap_jax.specs import ModelSpec, SpecError, get_model
+from mocap_jax.specs import ModelSpec, SpecError, get_model, mesh
 from mocap_jax.wsc import perf
+from mocap_jax.wsc import plan as pl
+from mocap_jax.wsc.geometry import hop_matrix, route_incidence
 from mocap_jax.wsc.hardware import (WAFER_PRESETS, WaferParams, WaferSpec, a100_cluster, design_points, get_wafer,
-                                    route_incidence, wsc_wafer)
+                                    wsc_wafer)
 
 # A toy model whose numbers are easy to follow by hand:
 #   attention params 2*64*4*16 + 2*64*2*16 = 12288, MLP 3*64*128 = 24576, norms 128 -> 36992 per block;
@@ -22,7 +24,7 @@ HW = WaferSpec("toy-wafer", rows=2, cols=4, peak_flops=1e12, dram_capacity=1e9, 
 
 
 def params(wafer=HW, model=TOY, dtype=jnp.float64):
-    return perf.model_params(model, dtype), WaferParams.from_spec(wafer, dtype)
+    return pl.model_params(model, dtype), WaferParams.from_spec(wafer, dtype)
 
 
 def test_presets_match_design_points():
@@ -45,7 +47,7 @@ def test_presets_match_design_points():
 
 def test_prefill_time_by_hand():
     mp, hw = params()
-    plan = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 1))
+    plan = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 1))
     t = perf.prefill_iteration_time(mp, hw, plan, jnp.array([8.0]), jnp.array([0.0]), jnp.array([True]))
     # per block: GEMM max(2*36992*8 / 1e12, (36992*2 + 2*8*64*2) / 1e9) = 76032e-9 s
     #            attention max(256 * 8*(0 + 9/2) / 1e12, 8*64*2 / 1e9) = 1024e-9 s
@@ -63,7 +65,7 @@ def test_prefill_time_by_hand():
 
 def test_decode_time_by_hand_and_mask():
     mp, hw = params()
-    plan = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 1))
+    plan = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 1))
     t = perf.decode_iteration_time(mp, hw, plan, jnp.array([10.0, 20.0, 999.0]), jnp.array([True, True, False]))
     # per block: GEMM max(2*36992*2/1e12, (36992*2 + 2*2*64*2)/1e9); attention max(256*30/1e12, 30*64*2/1e9)
     per_block = (36992 * 2 + 512) / 1e9 + 30 * 64 * 2 / 1e9
@@ -76,7 +78,7 @@ def test_decode_time_by_hand_and_mask():
 
 def test_remote_kv_read_by_hand():
     mp, hw = params()
-    plan = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 1))
+    plan = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 1))
     remote = perf.RemoteKV(tokens=jnp.array([100.0]), hops=jnp.array([3.0]), internode=jnp.array([0.0]),
                            ingress_links=jnp.asarray(8.0))
     # 100 tokens * 64 elements * 2 bytes = 12800 B: DRAM and link 12.8 us each, + 3 hops x 1 us
@@ -93,20 +95,20 @@ def test_remote_kv_read_by_hand():
 
 
 def test_megatron_and_hybrid_split_by_hand():
-    mega = perf.tp_plan(TOY, HW, perf.InstanceConfig(2, 2, "megatron"))
+    mega = pl.tp_plan(TOY, HW, pl.InstanceConfig(2, 2, "megatron"))
     # t = 4 > kv_heads = 2: one q head per die, its KV head replicated on 2 dies
     assert float(mega.attn_params) == 64 * 16 * (2 * 1 + 2 * 1)
     assert float(mega.mlp_params) == 3 * 64 * 32
     assert float(mega.kv_elems) == 2 * 16 and float(mega.kv_read_amplification) == 2.0
     assert float(mega.attn_pair_flops) == 256 / 4
-    hyb = perf.tp_plan(TOY, HW, perf.InstanceConfig(2, 2, "gqa-hybrid"))
+    hyb = pl.tp_plan(TOY, HW, pl.InstanceConfig(2, 2, "gqa-hybrid"))
     # g = gcd(4, 2) = 2 groups of s = 2 dies; KV sharded along the sequence, not replicated
     assert float(hyb.group_size) == 2 and float(hyb.kv_elems) == 16 and float(hyb.kv_read_amplification) == 1.0
     assert float(hyb.group_allgather_elems) == (4 + 2 * 2) / 2 * 16
     assert float(hyb.group_allreduce_elems) == 4 / 2 * (16 + 2)
     # where t divides kv_heads the two strategies coincide
-    a = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 2, "megatron"))
-    b = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 2, "gqa-hybrid"))
+    a = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 2, "megatron"))
+    b = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 2, "gqa-hybrid"))
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         assert float(x) == float(y)
     # hybrid holds more KV per die in decode memory: its capacity is larger than megatron's here
@@ -115,18 +117,18 @@ def test_megatron_and_hybrid_split_by_hand():
 
 
 def test_ring_profiles_and_all_reduce_by_hand():
-    assert perf.ring_order(2, 2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
-    p22 = perf.tp_plan(TOY, HW, perf.InstanceConfig(2, 2))
+    assert mesh.ring_order(2, 2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    p22 = pl.tp_plan(TOY, HW, pl.InstanceConfig(2, 2))
     assert (float(p22.ring_hops), float(p22.ring_load)) == (1.0, 1.0)  # a Hamiltonian cycle of neighbours
-    p14 = perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 4))
+    p14 = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 4))
     assert float(p14.ring_hops) == 3.0 and float(p14.ring_load) == 1.0  # closing step runs back over 3 hops
     w33 = wsc_wafer(3, 3)
-    p33 = perf.tp_plan(TOY, w33, perf.InstanceConfig(3, 3))
+    p33 = pl.tp_plan(TOY, w33, pl.InstanceConfig(3, 3))
     assert float(p33.ring_hops) == 4.0  # odd x odd: no cycle of neighbours; (2,2) -> (0,0) is 4 hops
     mp, hw = params()
     # all-reduce of 512 bytes over 4 dies: 2*(4-1) steps of (1 hop x 1 us + 2 us sync + 128 B / 1 GB/s)
     assert float(perf.all_reduce_time(hw, p22, 512.0)) == pytest.approx(6 * (3e-6 + 128e-9), rel=1e-12)
-    assert float(perf.all_reduce_time(hw, perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 1)), 512.0)) == 0.0
+    assert float(perf.all_reduce_time(hw, pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 1)), 512.0)) == 0.0
     # one decode block on 2x2 adds two all-reduces of tokens x hidden (the Megatron pair)
     assert float(perf.layer_comm_time(hw, p22, 2.0)) == pytest.approx(6 * (3e-6 + 2 * 128 * 2 / 4 / 1e9), rel=1e-12)
 
@@ -134,8 +136,8 @@ def test_ring_profiles_and_all_reduce_by_hand():
 def test_cluster_rings_cross_nodes():
     gpu = a100_cluster(2, 8)
     m = get_model("llama3-70b")
-    one = perf.tp_plan(m, gpu, perf.InstanceConfig(1, 8))
-    two = perf.tp_plan(m, gpu, perf.InstanceConfig(2, 8))
+    one = pl.tp_plan(m, gpu, pl.InstanceConfig(1, 8))
+    two = pl.tp_plan(m, gpu, pl.InstanceConfig(2, 8))
     assert float(one.ring_internode) == 0 and float(two.ring_internode) == 1
     hw = WaferParams.from_spec(gpu, jnp.float64)
     # 16 MB all-reduce: NVLink inside a node, InfiniBand (25 GB/s) across nodes
@@ -147,9 +149,9 @@ def test_cluster_rings_cross_nodes():
 
 def test_instance_too_large_and_unknown_strategy():
     with pytest.raises(SpecError, match="larger than the 6x9"):
-        perf.tp_plan(TOY, get_wafer("wsc-llm-64g"), perf.InstanceConfig(7, 7))
+        pl.tp_plan(TOY, get_wafer("wsc-llm-64g"), pl.InstanceConfig(7, 7))
     with pytest.raises(SpecError, match="unknown TP strategy"):
-        perf.tp_plan(TOY, HW, perf.InstanceConfig(1, 2, "pipeline"))
+        pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 2, "pipeline"))
 
 
 def test_vmap_over_design_points_and_float32():
@@ -158,8 +160,8 @@ def test_vmap_over_design_points_and_float32():
     pts, grid = design_points(base, dram_bandwidth=[1e12, 2e12, 3e12], link_bandwidth=[1.5e12, 2.5e12],
                               dtype=jnp.float64)
     assert pts.dram_bandwidth.shape == (6,) and grid["link_bandwidth"].tolist() == [1.5e12, 2.5e12] * 3
-    plan = perf.tp_plan(m, base, perf.InstanceConfig(2, 2), jnp.float64)
-    mp = perf.model_params(m, jnp.float64)
+    plan = pl.tp_plan(m, base, pl.InstanceConfig(2, 2), jnp.float64)
+    mp = pl.model_params(m, jnp.float64)
     ctx = jnp.full(64, 1500.0)
     f = jax.jit(jax.vmap(lambda hw: perf.decode_iteration_time(mp, hw, plan, ctx)))
     batched = np.asarray(f(pts))
@@ -170,8 +172,8 @@ def test_vmap_over_design_points_and_float32():
     # decode is DRAM-bound: more bandwidth is faster; a faster D2D link shortens the all-reduces
     assert batched[0] > batched[2] > batched[4] and batched[0] > batched[1]
     # float32 agrees with float64 to 1e-5
-    plan32 = perf.tp_plan(m, base, perf.InstanceConfig(2, 2), jnp.float32)
-    t32 = perf.decode_iteration_time(perf.model_params(m, jnp.float32), WaferParams.from_spec(base, jnp.float32),
+    plan32 = pl.tp_plan(m, base, pl.InstanceConfig(2, 2), jnp.float32)
+    t32 = perf.decode_iteration_time(pl.model_params(m, jnp.float32), WaferParams.from_spec(base, jnp.float32),
                                      plan32, ctx.astype(jnp.float32))
     t64 = perf.decode_iteration_time(mp, WaferParams.from_spec(base, jnp.float64), plan, ctx)
     assert t32.dtype == jnp.float32 and float(t32) == pytest.approx(float(t64), rel=1e-5)
@@ -180,22 +182,20 @@ def test_vmap_over_design_points_and_float32():
 def test_vmap_over_instance_plans_and_moe():
     m = get_model("qwen3-30b-a3b")
     w = get_wafer("wsc-llm-64g")
-    cfgs = [perf.InstanceConfig(h, c, s) for h, c in ((1, 1), (1, 2), (2, 2), (2, 4)) for s in perf.STRATEGIES]
-    plans = perf.stack_plans([perf.tp_plan(m, w, c) for c in cfgs])
-    mp, hw = perf.model_params(m), WaferParams.from_spec(w)
+    cfgs = [pl.InstanceConfig(h, c, s) for h, c in ((1, 1), (1, 2), (2, 2), (2, 4)) for s in pl.STRATEGIES]
+    plans = pl.stack_plans([pl.tp_plan(m, w, c) for c in cfgs])
+    mp, hw = pl.model_params(m), WaferParams.from_spec(w)
     t = jax.vmap(lambda p: perf.prefill_time(mp, hw, p, 2048.0, 2048.0 * 1000, 2048.0 * 1.5, 1.0))(plans)
     t = np.asarray(t)
     assert np.all(np.isfinite(t)) and t.shape == (8,)
     assert t[0] > t[2] > t[4] > t[6]  # more dies per instance, shorter iterations
     # MoE: an iteration of one token reads only the top-k experts' weights, fewer bytes than all experts
-    mw = perf.weight_bytes_per_die(mp, hw, perf.tp_plan(m, w, cfgs[0]))
+    mw = perf.weight_bytes_per_die(mp, hw, pl.tp_plan(m, w, cfgs[0]))
     assert float(mw) == pytest.approx(m.total_params * 2, rel=1e-6)
 
 
 def test_route_incidence_matches_hops():
     w = wsc_wafer(3, 4)
     inc, links = route_incidence(w)
-    from mocap_jax.wsc.hardware import hop_matrix
-
     assert np.array_equal(inc.sum(-1), hop_matrix(w))
     assert len(links) == 2 * (3 * 3 + 2 * 4)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from mocap_jax.specs import SpecError
+from mocap_jax.wsc import layout as lay_
 from mocap_jax.wsc import placement as plc
+from mocap_jax.wsc.figures_wafer import plot_placement
 from mocap_jax.wsc.hardware import wsc_wafer
 
 W33 = wsc_wafer(3, 3)
@@ -12,7 +14,7 @@ W34 = wsc_wafer(3, 4)
 
 
 def lay(wafer, *insts):
-    return plc.Layout(wafer.rows, wafer.cols, tuple(plc.Instance(*i) for i in insts))
+    return lay_.Layout(wafer.rows, wafer.cols, tuple(lay_.Instance(*i) for i in insts))
 
 
 def test_transfer_cost_by_hand_with_a_shared_link():
@@ -59,23 +61,23 @@ def test_layout_and_alpha_validation():
 
 
 def test_pack_instances():
-    assert plc.pack_instances(2, 2, [((1, 2), 2)]) is not None
-    assert plc.pack_instances(3, 3, [((2, 2), 2)]) is None
-    got = plc.pack_instances(2, 3, [((2, 1), 3)], allow_rotation=False)
+    assert lay_.pack_instances(2, 2, [((1, 2), 2)]) is not None
+    assert lay_.pack_instances(3, 3, [((2, 2), 2)]) is None
+    got = lay_.pack_instances(2, 3, [((2, 1), 3)], allow_rotation=False)
     assert sorted((r, c) for _, r, c, _, _ in got) == [(0, 0), (0, 1), (0, 2)]
-    assert plc.pack_instances(2, 3, [((1, 2), 3)], allow_rotation=False) is None  # needs rotation
-    assert plc.pack_instances(2, 3, [((1, 2), 3)], allow_rotation=True) is not None
+    assert lay_.pack_instances(2, 3, [((1, 2), 3)], allow_rotation=False) is None  # needs rotation
+    assert lay_.pack_instances(2, 3, [((1, 2), 3)], allow_rotation=True) is not None
     # a tight mixed case: a 6x9 wafer with 24 dies 1x1 and 15 dominoes
-    placed = plc.pack_instances(6, 9, [((1, 1), 24), ((1, 2), 15)])
+    placed = lay_.pack_instances(6, 9, [((1, 1), 24), ((1, 2), 15)])
     assert placed is not None and len(placed) == 39
 
 
 def test_enumerate_layouts_counts():
     # 2x2 grid, one 1x2 decode (4 positions with rotation) and two identical 1x1 prefill in the rest
-    pre, dec, layouts = plc.enumerate_layouts(wsc_wafer(2, 2), (1, 1), 2, (1, 2), 1)
+    pre, dec, layouts = lay_.enumerate_layouts(wsc_wafer(2, 2), (1, 1), 2, (1, 2), 1)
     assert len(layouts) == 4 and pre.shape == (4, 2) and dec.shape == (4, 1)
     # 1x3 grid, one prefill and one decode 1x1: 3 * 2 ordered placements
-    _, _, layouts = plc.enumerate_layouts(wsc_wafer(1, 3), (1, 1), 1, (1, 1), 1)
+    _, _, layouts = lay_.enumerate_layouts(wsc_wafer(1, 3), (1, 1), 1, (1, 1), 1)
     assert len(layouts) == 6
 
 
@@ -98,6 +100,7 @@ def test_searched_optimum_beats_heuristics(small_case):
     assert small_case[1.0][1] == 4.0  # each prefill next to a decode instance
 
 
+@pytest.mark.slow
 def test_annealing_finds_the_exhaustive_optimum(small_case):
     starts = [plc.decode_centred_placement(W34, (1, 1), 4, (1, 2), 2, a) for a in small_case]
     res = plc.anneal_placements(W34, starts, list(small_case), chains=8, steps=600, seed=1)
@@ -120,7 +123,7 @@ def test_compare_placements_and_figure(tmp_path):
     assert [r.search_method for r in rows] == ["exhaustive", "exhaustive"]
     for r in rows:
         assert r.searched <= r.decode_centred and r.searched <= r.random_min <= r.random_mean
-    out = plc.plot_placement(W34, best[2.0], tmp_path / "fig" / "wsc.png", alpha=2.0)
+    out = plot_placement(W34, best[2.0], tmp_path / "fig" / "wsc.png", alpha=2.0)
     assert out.exists() and out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
 
 

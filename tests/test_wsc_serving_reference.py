@@ -2,17 +2,21 @@
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from mocap_jax.wsc import serving as sv
-from mocap_jax.wsc import serving_reference as ref
+from mocap_jax.wsc import serving_inputs as si
+from mocap_jax.wsc import reference as ref
+from mocap_jax.wsc.metrics import agreement
+from mocap_jax.wsc import setup as su
 from mocap_jax.wsc.hardware import wsc_wafer
-from mocap_jax.wsc.workload import WORKLOAD_PRESETS, Trace, synthetic_trace
+from mocap_jax.wsc.synthetic import synthetic_trace
+from mocap_jax.wsc.traces import Trace
+from mocap_jax.wsc.workload import WORKLOAD_PRESETS
 
-CONFIG = sv.ServingConfig(max_batch=32)
+CONFIG = su.ServingConfig(max_batch=32, contention="off")
 TIGHT = wsc_wafer(4, 4, 24, 1, 2)  # 24 GB dies: KV memory binds, local-only KV blocks prefill
 
 # (hardware, scheduler, memory policy, workload, load x partition capacity)
@@ -37,7 +41,7 @@ def long_trace(n, rate, seed=0):
 def _points(n=60):
     pts = []
     for k, (hw, sched, pol, wl, load) in enumerate(CASES):
-        setup = sv.build_setup("llama2-7b", hw, WORKLOAD_PRESETS["azure-conv" if wl == "long" else wl], sched, pol,
+        setup = su.build_setup("llama2-7b", hw, WORKLOAD_PRESETS["azure-conv" if wl == "long" else wl], sched, pol,
                                config=CONFIG)
         assert setup.feasible, setup.reason
         tr = long_trace(n, load) if wl == "long" else synthetic_trace(wl, n, load * setup.served_rps, seed=10 + k)
@@ -65,7 +69,7 @@ def test_array_matches_reference_exactly_in_float64(runs):
     pts, arr, refs = runs
     assert arr.groups == 1  # every point (wafer and cluster, 16 dies) ran as one compiled program
     for (setup, trace), a, (r, out) in zip(pts, arr.results, refs):
-        ag = ref.agreement(a, r)
+        ag = agreement(a, r)
         assert ag["same_finished"], setup.label
         for k in ("ttft", "tpot", "e2e"):
             assert ag[f"{k}_max_rel_err"] < 1e-9, (setup.label, k, ag)
@@ -94,23 +98,25 @@ def test_cases_exercise_the_contract(runs):
     assert a.metrics["dropped"] == 1 and a.metrics["finished"] == len(tr) - 1
 
 
+@pytest.mark.slow
 def test_float32_program_agrees_with_float64_reference(runs):
     pts, _, refs = runs
     arr32 = sv.simulate(pts, dtype=jnp.float32)
     for a, (r, _) in zip(arr32.results, refs):
-        ag = ref.agreement(a, r)
+        ag = agreement(a, r)
         assert ag["same_finished"]
         assert ag["e2e_mean_rel_err"] < 1e-4 and ag["ttft_mean_rel_err"] < 1e-3
         assert ag["aggregate_max_rel_err"] < 1e-3
 
 
+@pytest.mark.slow
 def test_leap_and_admission_batching_do_not_change_results(runs):
     """Fast-forwarding quiet decode iterations and continuing long boundaries are bookkeeping only."""
     pts, arr, _ = runs
     sel = [0, 5, 7]
-    shape = sv.shape_for([pts[k][0] for k in sel], 64, CONFIG)
-    slow = dataclasses.replace(shape, leap=0, admit=1)
-    inp = sv.stack_inputs([sv.pack_inputs(pts[k][0], pts[k][1], slow, jnp.float64) for k in sel])
+    shape = si.shape_for([pts[k][0] for k in sel], 64, CONFIG)
+    slow = dataclasses.replace(shape, leap=0, admit=1, decode_parallel=1, arrivals=1)
+    inp = si.stack_inputs([si.pack_inputs(pts[k][0], pts[k][1], slow, jnp.float64) for k in sel])
     out = sv.simulate_batch(inp, slow, chunk_steps=256)
     assert out.complete.all() and (out.leaped == 0).all()
     for g, k in enumerate(sel):
@@ -122,7 +128,7 @@ def test_leap_and_admission_batching_do_not_change_results(runs):
 
 
 def test_reference_needs_a_feasible_setup():
-    bad = sv.build_setup("llama3.1-405b", "wsc-2x2", WORKLOAD_PRESETS["azure-conv"], config=CONFIG)
+    bad = su.build_setup("llama3.1-405b", "wsc-2x2", WORKLOAD_PRESETS["azure-conv"], config=CONFIG)
     assert not bad.feasible and "fit" in bad.reason
     with pytest.raises(ValueError, match="infeasible design point"):
         ref.simulate_reference(bad, synthetic_trace("conv", 5))

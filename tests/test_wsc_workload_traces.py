@@ -7,8 +7,8 @@ import pytest
 
 from mocap_jax.cli import main
 from mocap_jax.specs import SpecError
-from mocap_jax.wsc.workload import (LENGTH_FITS, LengthFit, Trace, get_trace, load_azure_trace, parse_timestamp,
-                                    resolve_workload_name, synthetic_trace)
+from mocap_jax.wsc.synthetic import LENGTH_FITS, LengthFit, get_trace, resolve_workload_name, synthetic_trace
+from mocap_jax.wsc.traces import Trace, load_azure_trace, parse_timestamp
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
@@ -150,7 +150,15 @@ def test_trace_cli_and_bad_input_exit_2(tmp_path, capsys):
     assert main(["wsc-llm", "trace", "--workload", str(p), "--json"]) == 0
     assert '"requests": 2' in capsys.readouterr().out
     bad = _write(tmp_path, f"{HEADER}\n00:00.0,10,5,0,0,1,2\n00:0x.0,20,6,1,0,1,2\n", name="bad.csv")
+    empty = _write(tmp_path, "", name="empty.csv")
+    header_only = _write(tmp_path, f"{HEADER}\n", name="header.csv")
+    short = _write(tmp_path, f"{HEADER}\n00:00.0,10\n", name="short.csv")
+    other = _write(tmp_path, "a,b\n1,2\n", name="other.csv")
     for args, fragment in ((["--workload", str(bad)], "bad.csv:3: bad arrival_timestamp"),
+                           (["--workload", str(empty)], "is empty; expected a header line"),
+                           (["--workload", str(header_only)], "has a header but no requests"),
+                           (["--workload", str(short)], "short.csv:2: expected 7 comma-separated fields, got 2"),
+                           (["--workload", str(other)], "the header lacks column(s) arrival_timestamp"),
                            (["--workload", "nope"], "unknown workload"),
                            (["--workload", "code", "--rate", "-1"], "rate must be a positive")):
         assert main(["wsc-llm", "trace", *args]) == 2

@@ -1,45 +1,51 @@
-"""WSC-LLM (DESIGN §10): prefill/decode serving co-exploration on a wafer-scale chip.
+"""WSC-LLM: prefill/decode serving co-exploration on a wafer-scale chip.
 
-Modules:
+Modules, bottom up:
 
-* :mod:`~mocap_jax.wsc.hardware` -- the hardware template (:class:`WaferSpec`, presets,
-  the A100 cluster baseline) and its traced form (:class:`WaferParams`, :func:`design_points`).
-* :mod:`~mocap_jax.wsc.workload` -- request rate + representative length points (Azure traces).
-* :mod:`~mocap_jax.wsc.perf` -- instance performance models: TP plans, prefill and decode
-  iteration times, collectives, remote KV reads, memory per die.
-* :mod:`~mocap_jax.wsc.partition` -- goodput per die and the resource partition.
-* :mod:`~mocap_jax.wsc.placement` -- layouts, TransferCost, decode-centred / random /
-  annealed / exhaustive placement, the wafer figure.
-* :mod:`~mocap_jax.wsc.memory` -- the KV memory scheduler (greedy, local-only, LP optimum).
-* :mod:`~mocap_jax.wsc.serving` -- the batched serving simulation (``jit(vmap(lax.scan))`` over
-  design points): set-up from the central scheduler's decisions, metrics.
-* :mod:`~mocap_jax.wsc.serving_reference` -- the event-driven reference of the same contract.
-* :mod:`~mocap_jax.wsc.explore` -- hardware design-space exploration.
-* :mod:`~mocap_jax.wsc.baselines` -- Splitwise vs WSC-LLM on the A100 cluster and the wafer, ablations.
-* :mod:`~mocap_jax.wsc.figures` -- run / plot functions of the part-2 figures.
-* :mod:`mocap_jax.cli.wsc` -- ``mocap-jax wsc-llm ...``.
+* hardware and workloads -- :mod:`~mocap_jax.wsc.hardware` (:class:`WaferSpec`, presets, the
+  A100 cluster, :class:`WaferParams`), :mod:`~mocap_jax.wsc.geometry` (hops, routes, link
+  resources), :mod:`~mocap_jax.wsc.workload` (rate + length points),
+  :mod:`~mocap_jax.wsc.traces` (Azure traces), :mod:`~mocap_jax.wsc.synthetic` (fitted and
+  long-context synthetic traces);
+* instance models -- :mod:`~mocap_jax.wsc.plan` (tensor-parallel plans),
+  :mod:`~mocap_jax.wsc.perf` (iteration times, collectives, remote KV, memory per die);
+* offline decisions -- :mod:`~mocap_jax.wsc.partition`, :mod:`~mocap_jax.wsc.layout`,
+  :mod:`~mocap_jax.wsc.placement` (+ :mod:`~mocap_jax.wsc.placement_search`),
+  :mod:`~mocap_jax.wsc.memory` (+ :mod:`~mocap_jax.wsc.memory_optimal`,
+  :mod:`~mocap_jax.wsc.memory_sim`), :mod:`~mocap_jax.wsc.setup` (a design point's tables);
+* serving simulation -- :mod:`~mocap_jax.wsc.serving` (the batched array program, built from
+  :mod:`~mocap_jax.wsc.serving_inputs`, :mod:`~mocap_jax.wsc.serving_state`,
+  :mod:`~mocap_jax.wsc.serving_step`, :mod:`~mocap_jax.wsc.serving_decode`,
+  :mod:`~mocap_jax.wsc.serving_prefill`, :mod:`~mocap_jax.wsc.traffic`),
+  :mod:`~mocap_jax.wsc.metrics`, and its event-driven reference :mod:`~mocap_jax.wsc.reference`
+  (+ :mod:`~mocap_jax.wsc.reference_flows`);
+* studies -- :mod:`~mocap_jax.wsc.explore` and :mod:`~mocap_jax.wsc.ranking` (design space),
+  :mod:`~mocap_jax.wsc.robustness`, :mod:`~mocap_jax.wsc.baselines`,
+  :mod:`~mocap_jax.wsc.figures` and :mod:`~mocap_jax.wsc.figures_wafer`.
 
-The submodules keep their names (``mocap_jax.wsc.partition.partition(...)``,
-``mocap_jax.wsc.memory``, ...); only classes and array functions are re-exported here.
+The command line is ``mocap-jax wsc-llm ...`` (:mod:`mocap_jax.cli.wsc`).
 """
 
 from .hardware import WAFER_PRESETS, WaferParams, WaferSpec, a100_cluster, design_points, get_wafer, wsc_wafer
+from .layout import Instance, Layout
+from .metrics import ServingResult
 from .partition import PartitionResult, ServingTargets, instance_goodput
-from .perf import (STRATEGIES, InstanceConfig, RemoteKV, TPPlan, decode_iteration_time, decode_time,
-                   prefill_iteration_time, prefill_time, tp_plan)
-from .placement import (Instance, Layout, anneal_placement, decode_centred_placement, exhaustive_placement,
-                        random_placement, transfer_cost)
-from .workload import (LENGTH_FITS, WORKLOAD_PRESETS, LengthFit, Trace, WorkloadParams, WorkloadSpec, get_trace,
-                       get_workload, load_azure_trace, synthetic_trace)
-from .serving import ServingConfig, ServingResult, ServingSetup, ServingShape, build_setup, simulate
-from .serving_reference import simulate_reference
+from .perf import RemoteKV, decode_iteration_time, decode_time, prefill_iteration_time, prefill_time
+from .placement import anneal_placement, decode_centred_placement, exhaustive_placement, random_placement, transfer_cost
+from .plan import STRATEGIES, InstanceConfig, TPPlan, tp_plan
+from .reference import simulate_reference
+from .serving import simulate
+from .setup import CONTENTION, ServingConfig, ServingSetup, build_setup, build_setups
+from .synthetic import LENGTH_FITS, LengthFit, get_trace, synthetic_trace
+from .traces import Trace, get_workload, load_azure_trace
+from .workload import WORKLOAD_PRESETS, WorkloadParams, WorkloadSpec
 
 __all__ = [
     "WAFER_PRESETS", "WaferParams", "WaferSpec", "a100_cluster", "design_points", "get_wafer", "wsc_wafer",
-    "PartitionResult", "ServingTargets", "instance_goodput", "STRATEGIES", "InstanceConfig", "RemoteKV",
-    "TPPlan", "decode_iteration_time", "decode_time", "prefill_iteration_time", "prefill_time", "tp_plan",
-    "Instance", "Layout", "anneal_placement", "decode_centred_placement", "exhaustive_placement", "random_placement",
-    "transfer_cost", "WORKLOAD_PRESETS", "WorkloadParams", "WorkloadSpec", "get_workload",
-    "LENGTH_FITS", "LengthFit", "Trace", "get_trace", "load_azure_trace", "synthetic_trace",
-    "ServingConfig", "ServingResult", "ServingSetup", "ServingShape", "build_setup", "simulate", "simulate_reference",
+    "Instance", "Layout", "ServingResult", "PartitionResult", "ServingTargets", "instance_goodput",
+    "RemoteKV", "decode_iteration_time", "decode_time", "prefill_iteration_time", "prefill_time", "anneal_placement",
+    "decode_centred_placement", "exhaustive_placement", "random_placement", "transfer_cost", "STRATEGIES",
+    "InstanceConfig", "TPPlan", "tp_plan", "simulate_reference", "simulate", "CONTENTION", "ServingConfig",
+    "ServingSetup", "build_setup", "build_setups", "LENGTH_FITS", "LengthFit", "get_trace", "synthetic_trace", "Trace",
+    "get_workload", "load_azure_trace", "WORKLOAD_PRESETS", "WorkloadParams", "WorkloadSpec",
 ]

@@ -1,4 +1,4 @@
-"""De-confounded baselines and ablations of WSC-LLM serving (DESIGN §10).
+"""De-confounded baselines and ablations of WSC-LLM serving.
 
 Four systems cross two hardware platforms with two schedulers, so the table separates the
 scheduler's gain from the hardware's:
@@ -38,12 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax.numpy as jnp
-import numpy as np
 
 from ..specs import SpecError, get_model
 from . import serving as sv
 from .hardware import get_wafer
-from .workload import WORKLOAD_PRESETS, resolve_workload_name, synthetic_trace
+from .metrics import ServingResult
+from .setup import ServingConfig, build_setup
+from .synthetic import resolve_workload_name, synthetic_trace
+from .workload import WORKLOAD_PRESETS
 
 DEFAULT_LOADS = (0.4, 0.8, 1.2)
 
@@ -81,7 +83,7 @@ class BaselineResult:
     reference: str
     rows: list[dict[str, Any]]
     gains: list[dict[str, Any]]
-    results: dict[tuple[str, str, float], sv.ServingResult] = field(repr=False, default_factory=dict)
+    results: dict[tuple[str, str, float], ServingResult] = field(repr=False, default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
 
 
@@ -93,7 +95,7 @@ def _ratio(a: float, b: float) -> float:
 
 def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads: Sequence[float] = DEFAULT_LOADS,
                   requests: int = 400, wafer: str = "wsc-llm-64g", cluster: str = "a100-cluster",
-                  config: sv.ServingConfig | None = None, seed: int = 0, dtype=jnp.float32,
+                  config: ServingConfig | None = None, seed: int = 0, dtype=jnp.float32,
                   ablations: bool = True, ablation_wafer: str | None = None) -> BaselineResult:
     """Simulate the four systems (and the ablations) at common request rates.
 
@@ -115,7 +117,7 @@ def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads
     Raises:
       SpecError: bad names or values; the baseline cannot serve the model.
     """
-    config = config or sv.ServingConfig()
+    config = config or ServingConfig()
     m = get_model(model).name
     w = resolve_workload_name(workload)
     loads = tuple(float(x) for x in loads)
@@ -136,8 +138,7 @@ def run_baselines(model: str = "llama3-70b", workload: str = "azure-conv", loads
     entries = [("system", *s) for s in SYSTEMS] + ([("ablation", *a) for a in ABLATIONS] if ablations else [])
     setups = {}
     for kind, name, role, sched, policy, place in entries:
-        setups[(kind, name)] = sv.build_setup(m, hw[role], wl, sched, policy, place, config,
-                                              label=name)
+        setups[(kind, name)] = build_setup(m, hw[role], wl, sched, policy, place, config, label=name)
     ref_name = SYSTEMS[0][0]
     base = setups[("system", ref_name)]
     cap = base.served_rps if base.feasible else 0.0

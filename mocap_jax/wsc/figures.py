@@ -1,4 +1,4 @@
-"""Figures of WSC-LLM part 2: each split into a run function (arrays) and a plot function.
+"""Figures of the WSC-LLM studies: each split into a run function (arrays) and a plot function.
 
 * :func:`run_design_space` / :func:`plot_design_space` -- the hardware design-space map
   (goodput and latency per DRAM / D2D / die-grid point, per workload and model).
@@ -14,6 +14,7 @@ and save to the given path.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from . import baselines as bl
 from . import explore as ex
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,13 +34,14 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path, bbox_inches="tight") -> Path:
+    """Save ``fig`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=130, bbox_inches=bbox_inches)
+    os.replace(tmp, path)
+    pyplot().close(fig)
     return path
 
 
@@ -99,7 +102,7 @@ def run_design_space(result: "ex.ExploreResult | None" = None, **explore_kwargs)
 
 def plot_design_space(data: dict[str, Any], path="figures/wsc_design_space.png") -> Path:
     """Heat maps: colour = goodput normalised per (workload, model); text = mean E2E (s) at the top rate."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import Rectangle
 
     W, M = len(data["workloads"]), len(data["models"])
@@ -140,7 +143,7 @@ def plot_design_space(data: dict[str, Any], path="figures/wsc_design_space.png")
     fig.suptitle("WSC-LLM hardware design space: colour = goodput, text = mean E2E latency at "
                  f"{data['top_load']:g}x the reference capacity;\nred box = best design per workload, dashed = on the "
                  "shoreline trade-off (D2D = 3 - DRAM TB/s / 2); n/a = the model does not fit", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- latency CDFs
@@ -174,7 +177,7 @@ def run_latency_cdf(result: "bl.BaselineResult | None" = None, load: float | Non
 
 def plot_latency_cdf(data: dict[str, Any], path="figures/wsc_latency_cdf.png") -> Path:
     """Three CDF panels (TTFT, TPOT, E2E), one line per system, log latency axis."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     styles = ["-", "--", "-", "--"]
     colours = ["#7f7f7f", "#7f7f7f", "#1f77b4", "#1f77b4"]
@@ -194,7 +197,7 @@ def plot_latency_cdf(data: dict[str, Any], path="figures/wsc_latency_cdf.png") -
     fig.suptitle(f"{data['model']}, {data['workload']} at {data['rate_rps']:.1f} req/s "
                  f"({data['load']:g}x the A100 + Splitwise capacity): latency CDF per system", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- ablations
@@ -222,7 +225,7 @@ def run_ablation(result: "bl.BaselineResult | None" = None, **baseline_kwargs) -
 
 def plot_ablation(data: dict[str, Any], path="figures/wsc_ablation.png") -> Path:
     """Grouped bars per load: goodput, mean E2E latency and p99 TTFT of each ablation."""
-    plt = _pyplot()
+    plt = pyplot()
     names, loads = data["names"], data["loads"]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     width = 0.8 / len(names)
@@ -240,8 +243,54 @@ def plot_ablation(data: dict[str, Any], path="figures/wsc_ablation.png") -> Path
     axes[0].legend(fontsize=8)
     fig.suptitle(f"WSC-LLM ablations on the wafer: {data['model']}, {data['workload']}", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-__all__ = ["run_design_space", "plot_design_space", "run_latency_cdf", "plot_latency_cdf", "run_ablation",
-           "plot_ablation"]
+# --------------------------------------------------------------------------- robustness
+
+
+def run_robustness_figure(result) -> dict[str, Any]:
+    """Arrays of the robustness figure from a :class:`~mocap_jax.wsc.robustness.RobustnessResult`.
+
+    Returns:
+      dict with ``scopes [S]`` (``workload / model`` labels, ``all`` = geometric mean over models),
+      ``stays [S]`` (share of perturbations under which the nominal best stays best),
+      ``margins [S]`` (list of arrays: the runner-up's margin under each perturbation),
+      ``nominal_margin [S]``, ``nominal_best [S]`` and ``perturbations`` (count).
+    """
+    scopes = [(r["workload"], r["model"]) for r in result.summary]
+    margins = [np.asarray([p["margin"] for p in result.per_perturbation if (p["workload"], p["model"]) == s])
+               for s in scopes]
+    return {"scopes": [f"{w}\n{m}" for w, m in scopes], "stays": np.asarray([r["share_best_stays_best"]
+                                                                            for r in result.summary]),
+            "margins": margins, "nominal_margin": np.asarray([r["nominal_margin"] for r in result.summary]),
+            "nominal_best": [r["nominal_best"] for r in result.summary], "perturbations": len(result.perturbations)}
+
+
+def plot_robustness(data: dict[str, Any], path="figures/wsc_robustness.png") -> Path:
+    """Bars: share of perturbations the nominal best design stays best; boxes: the runner-up's margin."""
+    plt = pyplot()
+    s = len(data["scopes"])
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * s + 2), 6.2), sharex=True)
+    x = np.arange(s)
+    axes[0].bar(x, data["stays"], color="#5b8e7d")
+    for k, v in enumerate(data["stays"]):
+        axes[0].text(k, v + 0.02, f"{v:.0%}", ha="center", fontsize=7)
+    axes[0].set_ylim(0, 1.12)
+    axes[0].set_ylabel("nominal best\nstays best")
+    axes[0].grid(axis="y", alpha=0.3)
+    axes[1].boxplot([np.asarray(m) * 100 for m in data["margins"]], positions=x, widths=0.6, showfliers=True)
+    axes[1].plot(x, data["nominal_margin"] * 100, "r_", ms=14, mew=2, label="nominal model")
+    axes[1].set_ylabel("runner-up margin (%)\n1 - runner-up / best score")
+    axes[1].set_xticks(x)
+    axes[1].set_xticklabels(data["scopes"], fontsize=7)
+    axes[1].grid(axis="y", alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Robustness of the best design to {data['perturbations']} perturbations of the performance model "
+                 f"(efficiencies +-15%, hop latency x0.5-2, alpha, contention rule)", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+__all__ = ["pyplot", "save_figure", "run_design_space", "plot_design_space", "run_latency_cdf", "plot_latency_cdf",
+           "run_ablation", "plot_ablation", "run_robustness_figure", "plot_robustness"]

@@ -1,4 +1,4 @@
-"""WSC-LLM hardware template (DESIGN §10): a wafer of compute dies, or a GPU cluster.
+"""WSC-LLM hardware template: a wafer of compute dies, or a GPU cluster.
 
 :class:`WaferSpec` is the static, hashable description (plain Python, validated at
 construction); :class:`WaferParams` is the pytree of traced numbers the performance
@@ -15,6 +15,7 @@ Two topologies:
   between nodes each GPU has its own network port of ``node_bandwidth`` bytes/s
   (InfiniBand), one "network hop" of ``node_latency_s``.
 
+Die geometry (hop counts, XY routes, link tables) lives in :mod:`mocap_jax.wsc.geometry`.
 Units: bytes, seconds, FLOP/s, bytes/s.
 """
 
@@ -28,11 +29,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs import mesh as _mesh
+from ..costs import pytree
 from ..specs import HardwareSpec, SpecError
 
 Array = Any
@@ -220,12 +220,12 @@ def a100_cluster(nodes: int = 6, gpus_per_node: int = 8, ib_gbps: float = 25.0, 
 WAFER_PRESETS: dict[str, WaferSpec] = {
     w.name: w
     for w in [
-        # Published WSC-LLM design points (DESIGN §10).
+        # Published WSC-LLM design points.
         wsc_wafer(6, 9, 64, 2, 2, name="wsc-llm-64g", description="WSC-LLM design point: 6x9 dies, 64 GB / 2 TB/s "
                                                                     "DRAM per die, 2 TB/s D2D, 261 TFLOP/s per die"),
         wsc_wafer(6, 9, 96, 3, 1.5, name="wsc-llm-96g", description="WSC-LLM design point: 6x9 dies, 96 GB / 3 TB/s "
                                                                      "DRAM per die, 1.5 TB/s D2D, 261 TFLOP/s per die"),
-        # The low-memory corner of the §10 exploration range (not a published point).
+        # The low-memory corner of the exploration range (32 GB / 1 TB/s DRAM, 2.5 TB/s D2D; not published).
         wsc_wafer(6, 9, 32, 1, 2.5, name="wsc-llm-32g", description="DSE corner: 6x9 dies, 32 GB / 1 TB/s DRAM per "
                                                                      "die, 2.5 TB/s D2D"),
         a100_cluster(6, 8, name="a100-cluster"),
@@ -277,12 +277,8 @@ def get_wafer(name_or_spec: "str | WaferSpec | Mapping[str, Any]") -> WaferSpec:
 # --------------------------------------------------------------------------- traced numbers
 
 
-def _pytree(cls):
-    cls = dataclass(frozen=True)(cls)
-    return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
 
-
-@_pytree
+@pytree
 class WaferParams:
     """Numbers of a :class:`WaferSpec` the performance models read (scalars, or ``[...]`` batched).
 
@@ -290,25 +286,25 @@ class WaferParams:
     (build a batch with :func:`design_points`).  Fields mirror :class:`WaferSpec`.
     """
 
-    peak_flops: Array
-    dram_capacity: Array
-    dram_bandwidth: Array
-    link_bandwidth: Array
-    node_bandwidth: Array
-    link_latency_s: Array
-    node_latency_s: Array
-    sync_latency_s: Array
-    eff_gemm: Array
-    eff_attention: Array
-    eff_dram: Array
-    eff_link: Array
-    usable_dram_fraction: Array
-    weight_bytes: Array
-    kv_bytes: Array
-    activation_bytes: Array
-    activation_workspace_factor: Array
-    layer_overhead_s: Array
-    remote_kv_overlap: Array
+    peak_flops: Array                    # [] FLOP/s of one die
+    dram_capacity: Array                 # [] bytes of DRAM per die
+    dram_bandwidth: Array                # [] bytes/s of DRAM per die
+    link_bandwidth: Array                # [] bytes/s per direction of a D2D link (NVLink per GPU on a cluster)
+    node_bandwidth: Array                # [] bytes/s per direction of a GPU's network port (cluster)
+    link_latency_s: Array                # [] s per D2D / NVLink hop
+    node_latency_s: Array                # [] s per network hop (cluster)
+    sync_latency_s: Array                # [] s per ring-collective step
+    eff_gemm: Array                      # [] achieved / peak FLOP/s of GEMMs
+    eff_attention: Array                 # [] achieved / peak FLOP/s of attention
+    eff_dram: Array                      # [] achieved / peak DRAM bandwidth
+    eff_link: Array                      # [] achieved / peak link bandwidth
+    usable_dram_fraction: Array          # [] share of DRAM the runtime may fill
+    weight_bytes: Array                  # [] bytes per weight element
+    kv_bytes: Array                      # [] bytes per KV element
+    activation_bytes: Array              # [] bytes per activation element
+    activation_workspace_factor: Array   # [] activation buffers, in tokens x hidden x activation_bytes
+    layer_overhead_s: Array              # [] s per transformer block per iteration
+    remote_kv_overlap: Array             # [] share of min(local attention, remote KV read) hidden, in [0, 1]
 
     @staticmethod
     def from_spec(w: WaferSpec, dtype=jnp.float32) -> "WaferParams":
@@ -354,70 +350,7 @@ def design_points(base: WaferSpec, dtype=jnp.float32, **axes) -> tuple[WaferPara
     return WaferParams(**leaves), grid
 
 
-# --------------------------------------------------------------------------- geometry helpers
-
-
-def die_coords(w: WaferSpec) -> np.ndarray:
-    """(row, col) of every die, row-major numbering, shape ``[D, 2]``."""
-    idx = np.arange(w.num_dies)
-    return np.stack([idx // w.cols, idx % w.cols], axis=1)
-
-
-def hop_matrix(w: WaferSpec) -> np.ndarray:
-    """Hop count between every pair of dies, ``[D, D]`` int.
-
-    Mesh: Manhattan distance (XY routing, :func:`mocap_jax.specs.mesh.hop_matrix`).
-    Cluster: 0 on the diagonal, 1 elsewhere (one NVLink hop inside a node, one network
-    hop between nodes; see :func:`crosses_nodes` for which).
-    """
-    if w.is_mesh:
-        return _mesh.hop_matrix(w.mesh_spec())
-    return 1 - np.eye(w.num_dies, dtype=np.int64)
-
-
-def crosses_nodes(w: WaferSpec) -> np.ndarray:
-    """``[D, D]`` bool: the route between the two dies leaves a node (always False on a mesh)."""
-    if w.is_mesh:
-        return np.zeros((w.num_dies, w.num_dies), dtype=bool)
-    node = np.arange(w.num_dies) // w.cols
-    return node[:, None] != node[None, :]
-
-
-def directed_links(w: WaferSpec) -> list[tuple[int, int]]:
-    """Every directed neighbour link of a mesh, in a fixed order (``[(from_die, to_die), ...]``)."""
-    if not w.is_mesh:
-        raise SpecError(f"{w.name}: directed_links applies to mesh wafers, not to a GPU cluster")
-    links = []
-    for r in range(w.rows):
-        for c in range(w.cols):
-            d = r * w.cols + c
-            if c + 1 < w.cols:
-                links += [(d, d + 1), (d + 1, d)]
-            if r + 1 < w.rows:
-                links += [(d, d + w.cols), (d + w.cols, d)]
-    return links
-
-
-def route_incidence(w: WaferSpec) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """XY-route incidence of every die pair: ``inc[src, dst, l] = 1`` when link ``l`` is on the route.
-
-    Returns:
-      (incidence ``[D, D, L]`` uint8, links ``[(from, to)] * L``).
-    """
-    links = directed_links(w)
-    index = {l: i for i, l in enumerate(links)}
-    spec = w.mesh_spec()
-    d = w.num_dies
-    inc = np.zeros((d, d, len(links)), dtype=np.uint8)
-    for a in range(d):
-        for b in range(d):
-            for l in _mesh.xy_route(spec, a, b):
-                inc[a, b, index[l]] = 1
-    return inc, links
-
-
 __all__ = [
     "WaferSpec", "WaferParams", "WAFER_PRESETS", "wsc_wafer", "a100_cluster", "get_wafer", "design_points",
-    "die_coords", "hop_matrix", "crosses_nodes", "directed_links", "route_incidence",
     "WSC_CORES_PER_DIE", "WSC_CORE_FLOPS",
 ]

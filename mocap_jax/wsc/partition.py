@@ -1,4 +1,4 @@
-"""Resource partition (DESIGN §10): instance shapes, TP strategies and prefill/decode counts.
+"""Resource partition: instance shapes, TP strategies and prefill/decode counts.
 
 1. Enumerate every rectangular instance shape that fits the wafer (both orientations
    count as one shape on a mesh) and every TP strategy in the given set.
@@ -41,33 +41,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..costs import ModelParams
+from ..costs import ModelParams, pytree
 from ..specs import ModelSpec, SpecError, get_model
 from . import perf
 from .hardware import WaferParams, WaferSpec, get_wafer
-from .workload import WorkloadParams, WorkloadSpec, get_workload
+from .layout import pack_instances
+from .plan import STRATEGIES, InstanceConfig, TPPlan, model_params, stack_plans, tp_plan
+from .traces import get_workload
+from .workload import WorkloadParams, WorkloadSpec
 
 Array = Any
 
 
-def _pytree(cls):
-    cls = dataclass(frozen=True)(cls)
-    return jax.tree_util.register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
-
-
-@_pytree
+@pytree
 class ServingTargets:
-    """Serving knobs of the goodput evaluation (traced scalars).
+    """Serving knobs of the goodput evaluation (traced scalars)."""
 
-    Fields:
-      chunk_tokens: prefill token budget per iteration (chunked prefill), tokens.
-      tpot_slo_s: time-per-output-token SLO of a decode iteration, seconds.
-      ttft_slo_s: time-to-first-token SLO of a mean request's prefill (no queueing), seconds.
-    """
-
-    chunk_tokens: Array
-    tpot_slo_s: Array
-    ttft_slo_s: Array
+    chunk_tokens: Array   # [] prefill token budget per iteration (chunked prefill), tokens
+    tpot_slo_s: Array     # [] time-per-output-token SLO of a decode iteration, s
+    ttft_slo_s: Array     # [] time-to-first-token SLO of a mean request's prefill (no queueing), s
 
     @staticmethod
     def make(chunk_tokens: float = 2048, tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, dtype=jnp.float32):
@@ -102,7 +94,7 @@ def workload_moments(wl: WorkloadParams, chunk_tokens):
     }
 
 
-def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl: WorkloadParams,
+def instance_goodput(model: ModelParams, hw: WaferParams, plan: TPPlan, wl: WorkloadParams,
                      targets: ServingTargets, max_batch: int = 512) -> dict[str, Array]:
     """Goodput of one instance as a prefill instance and as a decode instance.
 
@@ -155,7 +147,9 @@ def instance_goodput(model: ModelParams, hw: WaferParams, plan: perf.TPPlan, wl:
 
 @partial(jax.jit, static_argnames=("max_batch",))
 def _goodput_batch(model, hw, plans, wl, targets, max_batch):
-    return jax.vmap(lambda p: instance_goodput(model, hw, p, wl, targets, max_batch))(plans)
+    """``instance_goodput`` over hardware points ``[H]`` x instance plans ``[C]`` -> leaves ``[H, C]``."""
+    per_hw = lambda h: jax.vmap(lambda p: instance_goodput(model, h, p, wl, targets, max_batch))(plans)
+    return jax.vmap(per_hw)(hw)
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -184,7 +178,7 @@ def instance_shapes(wafer: WaferSpec, max_dies: int | None = None) -> list[tuple
 class Candidate:
     """One (shape, strategy) evaluated as prefill and as decode instance."""
 
-    config: perf.InstanceConfig
+    config: InstanceConfig
     prefill_fits: bool
     prefill_rps: float
     prefill_rps_per_die: float
@@ -262,8 +256,6 @@ def size_counts(wafer: WaferSpec, prefill: tuple[int, int], prefill_rps: float, 
     Raises:
       SpecError: not even one instance of each phase can be packed.
     """
-    from .placement import pack_instances
-
     a_p, a_d = prefill[0] * prefill[1], decode[0] * decode[1]
     d = wafer.num_dies
     options = []
@@ -282,41 +274,115 @@ def size_counts(wafer: WaferSpec, prefill: tuple[int, int], prefill_rps: float, 
 
 
 def evaluate_candidates(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, targets: ServingTargets,
-                        strategies: Sequence[str] = perf.STRATEGIES, max_batch: int = 512,
+                        strategies: Sequence[str] = STRATEGIES, max_batch: int = 512,
                         shapes: Sequence[tuple[int, int]] | None = None, dtype=jnp.float32) -> list[Candidate]:
     """Evaluate every (shape, strategy) candidate in one vmapped call."""
-    shapes = instance_shapes(wafer) if shapes is None else list(shapes)
-    configs = [perf.InstanceConfig(h, w, s) for (h, w) in shapes for s in strategies]
-    plans = perf.stack_plans([perf.tp_plan(model, wafer, c, dtype) for c in configs])
-    out = _goodput_batch(perf.model_params(model, dtype), WaferParams.from_spec(wafer, dtype), plans,
-                         WorkloadParams.from_spec(workload, dtype), targets, max_batch)
+    return evaluate_candidates_many(model, [wafer], workload, targets, strategies, max_batch, shapes, dtype)[0]
+
+
+def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], workload: WorkloadSpec,
+                             targets: ServingTargets, strategies: Sequence[str] = STRATEGIES, max_batch: int = 512,
+                             shapes: Sequence[tuple[int, int]] | None = None,
+                             dtype=jnp.float32) -> list[list[Candidate]]:
+    """Candidates of several hardware points of one grid and topology: one ``jit(vmap(vmap))`` call.
+
+    The instance plans depend only on the grid's topology, so they are shared; the hardware
+    numbers are a batch ``[H]``.  Both batches are padded (plans to a multiple of 64, hardware to
+    a multiple of 16) so that grids and sweeps of different sizes share one compiled program.
+    Returns one candidate list per wafer.
+    """
+    wafers = list(wafers)
+    first = wafers[0]
+    if any((w.rows, w.cols, w.topology) != (first.rows, first.cols, first.topology) for w in wafers):
+        raise SpecError("evaluate_candidates_many: every wafer must have the same grid and topology")
+    shapes = instance_shapes(first) if shapes is None else list(shapes)
+    configs = [InstanceConfig(h, w, s) for (h, w) in shapes for s in strategies]
+    plans = [tp_plan(model, first, c, dtype) for c in configs]
+    plans = stack_plans(plans + [plans[-1]] * (-len(plans) % 64))
+    hws = [WaferParams.from_spec(w, dtype) for w in wafers]
+    hw = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *(hws + [hws[-1]] * (-len(hws) % 16)))
+    out = _goodput_batch(model_params(model, dtype), hw, plans, WorkloadParams.from_spec(workload, dtype), targets,
+                         max_batch)
     out = jax.tree_util.tree_map(np.asarray, out)
-    return [
-        Candidate(config=c, prefill_fits=bool(out["prefill_fits"][i]), prefill_rps=float(out["prefill_rps"][i]),
-                  prefill_rps_per_die=float(out["prefill_rps_per_die"][i]),
-                  prefill_iter_s=float(out["prefill_iter_s"][i]), ttft_s=float(out["ttft_s"][i]),
-                  decode_fits=bool(out["decode_fits"][i]), decode_rps=float(out["decode_rps"][i]),
-                  decode_rps_per_die=float(out["decode_rps_per_die"][i]),
-                  decode_batch=int(out["decode_batch"][i]), tpot_s=float(out["tpot_s"][i]),
-                  decode_batch_slo=int(out["decode_batch_slo"][i]),
-                  weight_gb_per_die=float(out["weight_bytes_per_die"][i]) / 1e9,
-                  kv_tokens_capacity=float(out["kv_tokens_capacity"][i]))
-        for i, c in enumerate(configs)
-    ]
+    return [[
+        Candidate(config=c, prefill_fits=bool(out["prefill_fits"][h, i]), prefill_rps=float(out["prefill_rps"][h, i]),
+                  prefill_rps_per_die=float(out["prefill_rps_per_die"][h, i]),
+                  prefill_iter_s=float(out["prefill_iter_s"][h, i]), ttft_s=float(out["ttft_s"][h, i]),
+                  decode_fits=bool(out["decode_fits"][h, i]), decode_rps=float(out["decode_rps"][h, i]),
+                  decode_rps_per_die=float(out["decode_rps_per_die"][h, i]),
+                  decode_batch=int(out["decode_batch"][h, i]), tpot_s=float(out["tpot_s"][h, i]),
+                  decode_batch_slo=int(out["decode_batch_slo"][h, i]),
+                  weight_gb_per_die=float(out["weight_bytes_per_die"][h, i]) / 1e9,
+                  kv_tokens_capacity=float(out["kv_tokens_capacity"][h, i]))
+        for i, c in enumerate(configs)] for h in range(len(wafers))]
 
 
 def validate_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
     strategies = tuple(strategies)
     if not strategies:
-        raise SpecError(f"give at least one TP strategy ({', '.join(perf.STRATEGIES)})")
-    bad = [s for s in strategies if s not in perf.STRATEGIES]
+        raise SpecError(f"give at least one TP strategy ({', '.join(STRATEGIES)})")
+    bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
-        raise SpecError(f"unknown TP strategy {bad[0]!r}; choose from {', '.join(perf.STRATEGIES)}")
+        raise SpecError(f"unknown TP strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
     return tuple(dict.fromkeys(strategies))
 
 
+def _packable_pair(wafer: WaferSpec, cands: list[Candidate], strategies: Sequence[str], tries: int = 6):
+    """The best (prefill, decode) candidates whose instances can be packed together, with their counts.
+
+    Candidates are ranked by goodput per die; when the best pair cannot share the grid, the
+    pairs of the ``tries`` best of each phase are tried in order of their summed ranks.
+    """
+    rank = lambda key: sorted([c for c in cands if getattr(c, key) > 0],
+                              key=lambda c: (-getattr(c, key), c.config.dies, strategies.index(c.config.strategy)))
+    pre, dec = rank("prefill_rps_per_die")[:tries], rank("decode_rps_per_die")[:tries]
+    pairs = sorted(((i + j, i, j) for i in range(len(pre)) for j in range(len(dec))))
+    error = None
+    for _, i, j in pairs:
+        p, d = pre[i], dec[j]
+        try:
+            counts = size_counts(wafer, (p.config.rows, p.config.cols), p.prefill_rps, (d.config.rows, d.config.cols),
+                                 d.decode_rps)
+        except SpecError as e:
+            error = error or e
+            continue
+        return p, d, counts
+    raise error
+
+
+def choose_partition(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, strategies: tuple[str, ...],
+                     cands: list[Candidate]) -> PartitionResult:
+    """Best prefill and decode candidates (highest goodput per die) and their counts.
+
+    Raises:
+      SpecError: no feasible prefill or decode candidate, or the two cannot be packed together.
+    """
+    best_p = _pick(cands, "prefill_rps_per_die", strategies)
+    best_d = _pick(cands, "decode_rps_per_die", strategies)
+    if best_p is None or best_d is None:
+        weights_gb = model.total_params * wafer.weight_bytes / 1e9
+        fits_any = [c for c in cands if c.prefill_fits or c.decode_fits]
+        why = ("its weights" + f" ({weights_gb:.0f} GB)" + " do not fit any rectangular instance"
+               if not fits_any else "no instance meets the SLOs (TTFT / TPOT)")
+        phase = "prefill" if best_p is None else "decode"
+        raise SpecError(f"model {model.name} has no feasible {phase} instance on {wafer.name} "
+                        f"({wafer.rows}x{wafer.cols} dies of {wafer.dram_capacity / 1e9:g} GB): {why}; use dies with "
+                        f"more DRAM (--dram-gb), a larger grid, a smaller model, or looser SLOs")
+    best_p, best_d, (n_p, n_d, packing) = _packable_pair(wafer, cands, strategies)
+    cap_p, cap_d = n_p * best_p.prefill_rps, n_d * best_d.decode_rps
+    served = min(cap_p, cap_d)
+    return PartitionResult(
+        wafer=wafer.name, model=model.name, workload=workload.name, offered_rps=workload.rate,
+        strategies=strategies, candidates=cands, prefill=best_p, decode=best_d, n_prefill=n_p, n_decode=n_d,
+        prefill_capacity_rps=cap_p, decode_capacity_rps=cap_d, served_rps=served,
+        dies_used=n_p * best_p.config.dies + n_d * best_d.config.dies, dies_total=wafer.num_dies,
+        min_prefill_for_rate=math.ceil(workload.rate / best_p.prefill_rps - 1e-9),
+        min_decode_for_rate=math.ceil(workload.rate / best_d.decode_rps - 1e-9),
+        meets_rate=served >= workload.rate, packing=packing)
+
+
 def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str | WorkloadSpec" = "azure-conv",
-              rate: float | None = None, strategies: Sequence[str] = perf.STRATEGIES, chunk_tokens: int = 2048,
+              rate: float | None = None, strategies: Sequence[str] = STRATEGIES, chunk_tokens: int = 2048,
               tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, max_batch: int = 512,
               max_instance_dies: int | None = None, dtype=jnp.float32) -> PartitionResult:
     """Choose prefill/decode instance shapes, TP strategies and counts for a workload.
@@ -326,7 +392,7 @@ def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str
       wafer: WSC-LLM hardware preset name or :class:`WaferSpec`.
       workload: preset name, trace CSV path or :class:`WorkloadSpec`.
       rate: offered requests/s (default: the workload's).
-      strategies: TP strategies to consider (:data:`mocap_jax.wsc.perf.STRATEGIES`).
+      strategies: TP strategies to consider (:data:`mocap_jax.wsc.STRATEGIES`).
       chunk_tokens: prefill token budget per iteration.
       tpot_slo_s, ttft_slo_s: SLOs (seconds).
       max_batch: largest decode batch considered.
@@ -349,33 +415,12 @@ def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str
     t1 = time.perf_counter()
     cands = evaluate_candidates(model, wafer, workload, targets, strategies, max_batch, shapes, dtype)
     t_eval = time.perf_counter() - t1
-    best_p = _pick(cands, "prefill_rps_per_die", strategies)
-    best_d = _pick(cands, "decode_rps_per_die", strategies)
-    if best_p is None or best_d is None:
-        weights_gb = model.total_params * wafer.weight_bytes / 1e9
-        fits_any = [c for c in cands if c.prefill_fits or c.decode_fits]
-        why = ("its weights" + f" ({weights_gb:.0f} GB)" + " do not fit any rectangular instance"
-               if not fits_any else "no instance meets the SLOs (TTFT / TPOT)")
-        phase = "prefill" if best_p is None else "decode"
-        raise SpecError(f"model {model.name} has no feasible {phase} instance on {wafer.name} "
-                        f"({wafer.rows}x{wafer.cols} dies of {wafer.dram_capacity / 1e9:g} GB): {why}; use dies with "
-                        f"more DRAM (--dram-gb), a larger grid, a smaller model, or looser SLOs")
-    pshape = (best_p.config.rows, best_p.config.cols)
-    dshape = (best_d.config.rows, best_d.config.cols)
-    n_p, n_d, packing = size_counts(wafer, pshape, best_p.prefill_rps, dshape, best_d.decode_rps)
-    cap_p, cap_d = n_p * best_p.prefill_rps, n_d * best_d.decode_rps
-    served = min(cap_p, cap_d)
-    return PartitionResult(
-        wafer=wafer.name, model=model.name, workload=workload.name, offered_rps=workload.rate,
-        strategies=strategies, candidates=cands, prefill=best_p, decode=best_d, n_prefill=n_p, n_decode=n_d,
-        prefill_capacity_rps=cap_p, decode_capacity_rps=cap_d, served_rps=served,
-        dies_used=n_p * best_p.config.dies + n_d * best_d.config.dies, dies_total=wafer.num_dies,
-        min_prefill_for_rate=math.ceil(workload.rate / best_p.prefill_rps - 1e-9),
-        min_decode_for_rate=math.ceil(workload.rate / best_d.decode_rps - 1e-9),
-        meets_rate=served >= workload.rate, packing=packing, runtime_s=time.perf_counter() - t0, evaluate_s=t_eval)
+    res = choose_partition(model, wafer, workload, strategies, cands)
+    return dataclasses.replace(res, runtime_s=time.perf_counter() - t0, evaluate_s=t_eval)
 
 
 __all__ = [
     "ServingTargets", "workload_moments", "instance_goodput", "instance_shapes", "Candidate", "PartitionResult",
-    "evaluate_candidates", "size_counts", "partition", "validate_strategies",
+    "evaluate_candidates", "evaluate_candidates_many", "size_counts", "choose_partition", "partition",
+    "validate_strategies",
 ]

@@ -1,280 +1,42 @@
-"""Instance placement on the wafer and its KV TransferCost (DESIGN §10).
+"""Placement of prefill and decode instances on the wafer and its KV TransferCost.
 
-A :class:`Layout` puts rectangular prefill and decode instances on a ``rows x cols``
-mesh without overlap.  Each instance is represented by its *centre die*
-``(row + (h - 1) // 2, col + (w - 1) // 2)`` (the geometric centre, rounded up-left).
-
-**TransferCost.**  Every prefill instance sends its KV to its nearest decode
-instance (fewest hops centre to centre; ties go to the decode instance listed first)
-along the XY route between the two centre dies.  A directed link used by ``u`` such
-transfers costs ``alpha ** (u - 1)`` per use, so the total is
+**TransferCost.**  Every prefill instance sends its KV to its nearest decode instance (fewest
+hops centre to centre; ties go to the decode instance listed first) along the XY route between
+the two centre dies.  A directed link used by ``u`` such transfers costs ``alpha ** (u - 1)``
+per use, so the total is
 
     TransferCost = sum over links l of u_l * alpha ** (u_l - 1)
 
-which is the plain sum of hop distances when ``alpha = 1`` (or no link is shared)
-and grows with every extra use of a shared link when ``alpha > 1``.
+which is the plain sum of hop distances when ``alpha = 1`` (or no link is shared) and grows
+with every extra use of a shared link when ``alpha > 1``.
 
 Placements:
 
-* :func:`decode_centred_placement` -- decode instances as close to the wafer centre
-  as possible, then each prefill instance where it adds the least TransferCost
-  (depth-first with backtracking, then an exact packing if that fails).
+* :func:`decode_centred_placement` -- decode instances as close to the wafer centre as
+  possible, then each prefill instance where it adds the least TransferCost (depth-first with
+  backtracking, then an exact packing if that fails).
 * :func:`random_placement` -- uniformly random free positions (with restarts).
-* :func:`anneal_placement` -- simulated annealing, many chains as one vmapped JAX
-  program.  Moves: relocate one instance (random position and orientation), shift
-  one by a die, and *region swap* -- move an instance onto a same-shaped rectangle
-  and the instances wholly inside that rectangle into its old place (this keeps a
-  fully packed wafer valid, e.g. a 1x2 decode instance trades places with two 1x1
-  prefill instances).
+* :func:`anneal_placements` -- TransferCost minimised by :func:`~mocap_jax.wsc.placement_search.search_placement`.
 * :func:`exhaustive_placement` -- every layout of a small mesh (the true optimum).
 
-:func:`pack_instances` is the exact rectangle packer the partition uses for counts.
+Layouts and packing are in :mod:`mocap_jax.wsc.layout`.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..specs import SpecError
-from .hardware import WaferSpec, hop_matrix, route_incidence
-
-Array = Any
-KINDS = ("prefill", "decode")
-
-
-# --------------------------------------------------------------------------- layouts
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One instance: ``kind`` in (prefill, decode), top-left die ``(row, col)``, size ``rows x cols``."""
-
-    kind: str
-    row: int
-    col: int
-    rows: int
-    cols: int
-
-    @property
-    def centre(self) -> tuple[int, int]:
-        return self.row + (self.rows - 1) // 2, self.col + (self.cols - 1) // 2
-
-    def cells(self) -> list[tuple[int, int]]:
-        return [(r, c) for r in range(self.row, self.row + self.rows) for c in range(self.col, self.col + self.cols)]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Instances on a ``grid_rows x grid_cols`` mesh (validated: in bounds, no overlap)."""
-
-    grid_rows: int
-    grid_cols: int
-    instances: tuple[Instance, ...]
-
-    def __post_init__(self):
-        occ = np.full((self.grid_rows, self.grid_cols), -1)
-        for i, inst in enumerate(self.instances):
-            if inst.kind not in KINDS:
-                raise SpecError(f"instance {i}: kind must be 'prefill' or 'decode', got {inst.kind!r}")
-            if inst.rows < 1 or inst.cols < 1:
-                raise SpecError(f"instance {i}: size must be positive, got {inst.rows}x{inst.cols}")
-            if inst.row < 0 or inst.col < 0 or inst.row + inst.rows > self.grid_rows \
-                    or inst.col + inst.cols > self.grid_cols:
-                raise SpecError(f"instance {i} ({inst.kind} {inst.rows}x{inst.cols} at {inst.row},{inst.col}) leaves "
-                                f"the {self.grid_rows}x{self.grid_cols} wafer")
-            for r, c in inst.cells():
-                if occ[r, c] >= 0:
-                    raise SpecError(f"instances {occ[r, c]} and {i} overlap at die ({r}, {c})")
-                occ[r, c] = i
-
-    @property
-    def prefill(self) -> list[Instance]:
-        return [i for i in self.instances if i.kind == "prefill"]
-
-    @property
-    def decode(self) -> list[Instance]:
-        return [i for i in self.instances if i.kind == "decode"]
-
-    def occupancy(self) -> np.ndarray:
-        """``[rows, cols]`` instance index of each die, -1 where free."""
-        occ = np.full((self.grid_rows, self.grid_cols), -1)
-        for i, inst in enumerate(self.instances):
-            for r, c in inst.cells():
-                occ[r, c] = i
-        return occ
-
-    def centre_dies(self, kind: str) -> np.ndarray:
-        return np.asarray([i.centre[0] * self.grid_cols + i.centre[1] for i in self.instances if i.kind == kind],
-                          dtype=np.int64)
-
-    def to_dict(self) -> list[dict[str, Any]]:
-        return [dict(kind=i.kind, row=i.row, col=i.col, rows=i.rows, cols=i.cols) for i in self.instances]
-
-    def ascii(self) -> str:
-        """The wafer as text: ``P3`` / ``D1`` per die (instance index within its kind), ``.`` free."""
-        idx = {id(inst): n for kind in KINDS for n, inst in enumerate(i for i in self.instances if i.kind == kind)}
-        grid = [["  ." for _ in range(self.grid_cols)] for _ in range(self.grid_rows)]
-        for inst in self.instances:
-            for r, c in inst.cells():
-                grid[r][c] = f"{inst.kind[0].upper()}{idx[id(inst)]}".rjust(3)
-        return "\n".join(" ".join(row) for row in grid)
-
-
-def _check_mesh(wafer: WaferSpec):
-    if not wafer.is_mesh:
-        raise SpecError(f"placement is defined on a mesh wafer; {wafer.name} is a GPU cluster "
-                        f"(every GPU pair is one hop apart there)")
-
-
-def _check_alpha(alpha):
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) or alpha < 1:
-        raise SpecError(f"alpha must be a number >= 1 (the cost factor per extra use of a shared link), got {alpha!r}")
-
-
-def _check_request(wafer: WaferSpec, shapes_counts):
-    total = 0
-    for (h, w), n in shapes_counts:
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, w, n)) or h < 1 or w < 1 or n < 0:
-            raise SpecError(f"instance shape and count must be positive integers, got {h}x{w} x {n}")
-        fits = (h <= wafer.rows and w <= wafer.cols) or (w <= wafer.rows and h <= wafer.cols)
-        if not fits:
-            raise SpecError(f"instance {h}x{w} is larger than the {wafer.rows}x{wafer.cols} wafer {wafer.name}; "
-                            f"choose a shape with rows <= {wafer.rows} and cols <= {wafer.cols}")
-        total += h * w * n
-    if total > wafer.num_dies:
-        raise SpecError(f"the instances need {total} dies but {wafer.name} has {wafer.num_dies}; use fewer instances")
-
-
-# --------------------------------------------------------------------------- exact packing
-
-
-def pack_instances(rows: int, cols: int, items: Sequence[tuple[tuple[int, int], int]], allow_rotation: bool = True,
-                   node_budget: int = 200_000):
-    """Exact packing of rectangles on a ``rows x cols`` grid (first-free-cell search with memo).
-
-    Args:
-      items: ``[((h, w), count), ...]``.
-      allow_rotation: also try each rectangle as ``w x h``.
-      node_budget: search nodes before giving up (returns None, i.e. treated as not packable).
-
-    Returns:
-      ``[(item_index, row, col, h, w), ...]`` for every instance, or None when impossible.
-    """
-    shapes = [tuple(s) for s, _ in items]
-    counts = [int(n) for _, n in items]
-    need = sum(h * w * n for (h, w), n in zip(shapes, counts))
-    if need > rows * cols:
-        return None
-    full = (1 << (rows * cols)) - 1
-    masks = {}
-    for k, (h, w) in enumerate(shapes):
-        orients = {(h, w), (w, h)} if allow_rotation else {(h, w)}
-        for hh, ww in orients:
-            for r in range(rows - hh + 1):
-                for c in range(cols - ww + 1):
-                    m = 0
-                    for rr in range(r, r + hh):
-                        for cc in range(c, c + ww):
-                            m |= 1 << (rr * cols + cc)
-                    masks.setdefault((k, r, c), []).append((m, hh, ww))
-    failed = set()
-    nodes = [0]
-
-    def dfs(mask, remaining, waste):
-        if not any(remaining):
-            return []
-        key = (mask, remaining)
-        if key in failed or nodes[0] > node_budget:
-            return None
-        nodes[0] += 1
-        free = ~mask & full
-        cell = (free & -free).bit_length() - 1
-        r, c = divmod(cell, cols)
-        for k in range(len(shapes)):
-            if remaining[k] == 0:
-                continue
-            for m, hh, ww in masks.get((k, r, c), ()):
-                if m & mask:
-                    continue
-                rem = remaining[:k] + (remaining[k] - 1,) + remaining[k + 1:]
-                sub = dfs(mask | m, rem, waste)
-                if sub is not None:
-                    return [(k, r, c, hh, ww)] + sub
-        if waste > 0:
-            sub = dfs(mask | (1 << cell), remaining, waste - 1)
-            if sub is not None:
-                return sub
-        failed.add(key)
-        return None
-
-    return dfs(0, tuple(counts), rows * cols - need)
-
-
-def enumerate_layouts(wafer: WaferSpec, prefill_shape, n_prefill, decode_shape, n_decode, max_layouts=200_000):
-    """Every distinct layout (instances of a kind are interchangeable), for exhaustive search on small meshes.
-
-    Returns:
-      (prefill centre dies ``[M, P]``, decode centre dies ``[M, Q]``, layouts list of tuples
-      ``(kind_index, row, col, h, w)``).
-
-    Raises:
-      SpecError: more than ``max_layouts`` layouts (use :func:`anneal_placement`).
-    """
-    rows, cols = wafer.rows, wafer.cols
-    shapes = [tuple(prefill_shape), tuple(decode_shape)]
-    counts = (n_prefill, n_decode)
-    waste0 = rows * cols - sum(h * w * n for (h, w), n in zip(shapes, counts))
-    out: list[list[tuple[int, int, int, int, int]]] = []
-    occ = np.zeros((rows, cols), bool)
-
-    def orients(k):
-        h, w = shapes[k]
-        return [(h, w)] if h == w else [(h, w), (w, h)]
-
-    def first_free():
-        idx = np.flatnonzero(~occ.ravel())
-        return divmod(int(idx[0]), cols) if idx.size else None
-
-    def rec(remaining, waste, acc):
-        if len(out) > max_layouts:
-            raise SpecError(f"more than {max_layouts} layouts on {rows}x{cols}: exhaustive search is for small meshes; "
-                            f"use anneal_placement")
-        if not any(remaining):
-            out.append(list(acc))
-            return
-        cell = first_free()
-        if cell is None:
-            return
-        r, c = cell
-        for k in (0, 1):
-            if remaining[k] == 0:
-                continue
-            for hh, ww in orients(k):
-                if r + hh > rows or c + ww > cols or occ[r:r + hh, c:c + ww].any():
-                    continue
-                occ[r:r + hh, c:c + ww] = True
-                rem = (remaining[0] - (k == 0), remaining[1] - (k == 1))
-                rec(rem, waste, acc + [(k, r, c, hh, ww)])
-                occ[r:r + hh, c:c + ww] = False
-        if waste > 0:
-            occ[r, c] = True
-            rec(remaining, waste - 1, acc)
-            occ[r, c] = False
-
-    if waste0 >= 0:
-        rec(counts, waste0, [])
-    centre = lambda r, c, h, w: (r + (h - 1) // 2) * cols + (c + (w - 1) // 2)
-    pre = np.asarray([[centre(*x[1:]) for x in lay if x[0] == 0] for lay in out], dtype=np.int64).reshape(len(out), n_prefill)
-    dec = np.asarray([[centre(*x[1:]) for x in lay if x[0] == 1] for lay in out], dtype=np.int64).reshape(len(out), n_decode)
-    return pre, dec, out
+from .geometry import hop_matrix, route_incidence
+from .hardware import WaferSpec
+from .layout import KINDS, Instance, Layout, check_alpha, check_mesh, check_request, enumerate_layouts, pack_instances
+from .placement_search import search_placement
 
 
 # --------------------------------------------------------------------------- TransferCost
@@ -287,7 +49,7 @@ def transfer_cost_arrays(prefill_dies, decode_dies, hops, incidence, alpha, xp=j
       prefill_dies: ``[P]`` centre die of each prefill instance.
       decode_dies: ``[Q]`` centre die of each decode instance (Q >= 1).
       hops: ``[D, D]`` hop matrix.
-      incidence: ``[D, D, L]`` XY-route link incidence (:func:`~mocap_jax.wsc.hardware.route_incidence`).
+      incidence: ``[D, D, L]`` XY-route link incidence (:func:`~mocap_jax.wsc.geometry.route_incidence`).
       alpha: shared-link factor (>= 1).
 
     Returns:
@@ -329,8 +91,8 @@ class _Geometry:
 
 def transfer_cost(wafer: WaferSpec, layout: Layout, alpha: float = 1.0) -> TransferReport:
     """TransferCost of ``layout`` (see the module docstring)."""
-    _check_mesh(wafer)
-    _check_alpha(alpha)
+    check_mesh(wafer)
+    check_alpha(alpha)
     if (layout.grid_rows, layout.grid_cols) != (wafer.rows, wafer.cols):
         raise SpecError(f"layout is {layout.grid_rows}x{layout.grid_cols} but {wafer.name} is {wafer.rows}x{wafer.cols}")
     pre, dec = layout.centre_dies("prefill"), layout.centre_dies("decode")
@@ -371,10 +133,10 @@ def decode_centred_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, de
     (ties: nearer the wafer centre, then row-major).  Depth-first with backtracking up
     to ``node_budget`` nodes; if that fails, an exact packing is returned instead.
     """
-    _check_mesh(wafer)
-    _check_alpha(alpha)
+    check_mesh(wafer)
+    check_alpha(alpha)
     prefill_shape, decode_shape = tuple(prefill_shape), tuple(decode_shape)
-    _check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
+    check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
     g = _Geometry(wafer)
     cr, cc = (wafer.rows - 1) / 2, (wafer.cols - 1) / 2
 
@@ -384,47 +146,65 @@ def decode_centred_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, de
 
     dec_pos = sorted(_positions(wafer, decode_shape), key=lambda p: (centre_dist(p), p))
     pre_pos = _positions(wafer, prefill_shape)
-    occ = np.zeros((wafer.rows, wafer.cols), bool)
-    nodes = [0]
     cdie = lambda p: (p[0] + (p[2] - 1) // 2) * wafer.cols + (p[1] + (p[3] - 1) // 2)
+    bits = lambda p: sum(1 << ((rr * wafer.cols) + cc) for rr in range(p[0], p[0] + p[2]) for cc in range(p[1], p[1] + p[3]))
+    dec_bits = [bits(p) for p in dec_pos]
+    pre_bits = [bits(p) for p in pre_pos]
+    pre_dies = np.asarray([cdie(p) for p in pre_pos])
+    pre_dist = [centre_dist(p) for p in pre_pos]
+    need = lambda nd, np_: (n_decode - nd) * decode_shape[0] * decode_shape[1] \
+        + (n_prefill - np_) * prefill_shape[0] * prefill_shape[1]
+    nodes = [0]
+    routes: dict = {}
+    failed: dict = {}   # (occupancy, decode and prefill placed) -> nodes its exhausted subtree took
 
-    def free(p):
-        r, c, h, w = p
-        return not occ[r:r + h, c:c + w].any()
+    def prefill_routes(decs):
+        """Route link rows ``[positions, L]`` of every prefill position to its nearest decode centre."""
+        key = tuple(decs)
+        if key not in routes:
+            dec_dies = np.asarray([cdie(dec_pos[k]) for k in decs])
+            nearest = dec_dies[np.argmin(g.hops[pre_dies][:, dec_dies], axis=1)]
+            routes[key] = g.incidence[pre_dies, nearest].astype(np.float64)
+        return routes[key]
 
-    def rec(decs, pres):
+    def rec(occ, decs, pres, use):
+        key = (occ, len(decs), len(pres))
+        if key in failed:  # no completion from here (the search of a subtree is exhaustive): charge its nodes
+            nodes[0] += failed[key]
+            return None
+        start = nodes[0]
+        res = _rec(occ, decs, pres, use)
+        if res is None and nodes[0] <= node_budget:
+            failed[key] = nodes[0] - start
+        return res
+
+    def _rec(occ, decs, pres, use):
         nodes[0] += 1
         if nodes[0] > node_budget:
             return None
         if len(decs) == n_decode and len(pres) == n_prefill:
             return decs, pres
-        area_left = (n_decode - len(decs)) * decode_shape[0] * decode_shape[1] \
-            + (n_prefill - len(pres)) * prefill_shape[0] * prefill_shape[1]
-        if area_left > (~occ).sum():
+        if need(len(decs), len(pres)) > wafer.num_dies - bin(occ).count("1"):
             return None
         if len(decs) < n_decode:
-            order = [p for p in dec_pos if free(p)]
-            nxt = lambda p: (decs + [p], pres)
-        else:
-            dec_dies = np.asarray([cdie(p) for p in decs])
-            scored = []
-            for p in pre_pos:
-                if free(p):
-                    cost, _, _ = transfer_cost_arrays(np.asarray([cdie(q) for q in pres] + [cdie(p)]), dec_dies,
-                                                      g.hops, g.incidence, float(alpha), xp=np)
-                    scored.append((float(cost), centre_dist(p), p))
-            order = [p for *_, p in sorted(scored)]
-            nxt = lambda p: (decs, pres + [p])
-        for p in order:
-            r, c, h, w = p
-            occ[r:r + h, c:c + w] = True
-            res = rec(*nxt(p))
-            occ[r:r + h, c:c + w] = False
+            for k, m in enumerate(dec_bits):
+                if not m & occ:
+                    res = rec(occ | m, decs + [k], pres, use)
+                    if res is not None:
+                        return res
+            return None
+        rows = prefill_routes(decs)
+        free = [k for k, m in enumerate(pre_bits) if not m & occ]
+        after = use[None, :] + rows[free]                      # link uses with each free position added
+        cost = np.sum(np.where(after > 0, after * np.power(float(alpha), np.maximum(after - 1, 0)), 0.0), axis=1)
+        for _, _, k in sorted(zip(cost.tolist(), [pre_dist[k] for k in free], free),
+                              key=lambda x: (x[0], x[1], pre_pos[x[2]])):
+            res = rec(occ | pre_bits[k], decs, pres + [k], use + rows[k])
             if res is not None:
                 return res
         return None
 
-    res = rec([], [])
+    res = rec(0, [], [], np.zeros(g.incidence.shape[-1]))
     if res is None:
         placed = pack_instances(wafer.rows, wafer.cols, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
         if placed is None:
@@ -432,8 +212,8 @@ def decode_centred_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, de
                             f"{decode_shape[0]}x{decode_shape[1]} decode instances on {wafer.name}")
         return _from_packing(wafer, placed, KINDS)
     decs, pres = res
-    return Layout(wafer.rows, wafer.cols, tuple(Instance("decode", *p) for p in decs)
-                  + tuple(Instance("prefill", *p) for p in pres))
+    return Layout(wafer.rows, wafer.cols, tuple(Instance("decode", *dec_pos[k]) for k in decs)
+                  + tuple(Instance("prefill", *pre_pos[k]) for k in pres))
 
 
 def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,
@@ -443,9 +223,9 @@ def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_sha
     Raises:
       SpecError: no random layout found in ``restarts`` tries (the packing is too tight).
     """
-    _check_mesh(wafer)
+    check_mesh(wafer)
     prefill_shape, decode_shape = tuple(prefill_shape), tuple(decode_shape)
-    _check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
+    check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
     rng = np.random.default_rng(rng)
     kinds = ["decode"] * n_decode + ["prefill"] * n_prefill
     pos, cover = {}, {}
@@ -471,85 +251,22 @@ def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_sha
     raise SpecError(f"no random layout of these instances found on {wafer.name} in {restarts} tries")
 
 
-# --------------------------------------------------------------------------- annealing
-
-
-@partial(jax.jit, static_argnames=("rows", "cols", "steps", "rotate"))
-def _anneal(pos0, key, base_h, base_w, is_pre, hops, incidence, alpha, temps, rows, cols, steps, rotate):
-    """Annealing chains (``pos0`` ``[C, N, 3]``: row, col, rotated; ``alpha`` ``[C]``) -> best positions, costs."""
-    n = base_h.shape[0]
-    rr = jnp.arange(rows)[:, None]
-    cc = jnp.arange(cols)[None, :]
-
-    def dims(pos):
-        rot = pos[:, 2] > 0
-        return jnp.where(rot, base_w, base_h), jnp.where(rot, base_h, base_w)
-
-    def valid(pos):
-        h, w = dims(pos)
-        r, c = pos[:, 0], pos[:, 1]
-        inb = jnp.all((r >= 0) & (c >= 0) & (r + h <= rows) & (c + w <= cols))
-        m = ((rr[None] >= r[:, None, None]) & (rr[None] < (r + h)[:, None, None])
-             & (cc[None] >= c[:, None, None]) & (cc[None] < (c + w)[:, None, None]))
-        return inb & (jnp.max(jnp.sum(m, axis=0)) <= 1)
-
-    def cost_at(pos, alpha):
-        h, w = dims(pos)
-        die = jnp.clip(pos[:, 0] + (h - 1) // 2, 0, rows - 1) * cols + jnp.clip(pos[:, 1] + (w - 1) // 2, 0, cols - 1)
-        dist = hops[die][:, die]                                  # [N, N]
-        dist = jnp.where(is_pre[None, :], jnp.iinfo(jnp.int32).max, dist)  # targets must be decode instances
-        nearest = jnp.argmin(dist, axis=1)
-        routes = incidence[die, die[nearest]].astype(alpha.dtype)  # [N, L]
-        use = jnp.sum(jnp.where(is_pre[:, None], routes, 0.0), axis=0)
-        return jnp.sum(jnp.where(use > 0, use * alpha ** jnp.maximum(use - 1, 0), 0.0))
-
-    def chain(p0, k, alpha):
-        cost = partial(cost_at, alpha=alpha)
-        c0 = cost(p0)
-
-        def step(carry, inp):
-            pos, c, best_pos, best_c = carry
-            k, temp = inp
-            ks = jax.random.split(k, 7)
-            i = jax.random.randint(ks[0], (), 0, n)
-            j = jax.random.randint(ks[1], (), 0, n)
-            move = jax.random.randint(ks[2], (), 0, 3)
-            rel = jnp.stack([jax.random.randint(ks[3], (), 0, rows), jax.random.randint(ks[4], (), 0, cols),
-                             jax.random.randint(ks[5], (), 0, 2) * rotate]).astype(pos.dtype)
-            d = jax.random.randint(ks[6], (), 0, 4)
-            shift = jnp.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]], dtype=pos.dtype)[d]
-            pi, pj = pos[i], pos[j]
-            relocated = pos.at[i].set(rel)
-            shifted = pos.at[i].add(shift)
-            # region swap: instance i moves to a target rectangle T of its own (oriented) shape,
-            # and every instance lying wholly inside T moves by the opposite offset into i's old place.
-            h, w = dims(pos)
-            use_j = jax.random.bernoulli(jax.random.fold_in(k, 2))
-            tr = jnp.where(use_j, pj[0], rel[0])
-            tc = jnp.where(use_j, pj[1], rel[1])
-            inside = ((pos[:, 0] >= tr) & (pos[:, 0] + h <= tr + h[i]) & (pos[:, 1] >= tc)
-                      & (pos[:, 1] + w <= tc + w[i]) & (jnp.arange(n) != i))
-            offset = jnp.stack([pi[0] - tr, pi[1] - tc, jnp.zeros((), pos.dtype)])
-            swapped = jnp.where(inside[:, None], pos + offset, pos).at[i, :2].set(jnp.stack([tr, tc]))
-            prop = jnp.where(move == 0, relocated, jnp.where(move == 1, shifted, swapped))
-            ok = valid(prop)
-            cp = jnp.where(ok, cost(prop), jnp.inf)
-            u = jax.random.uniform(jax.random.fold_in(k, 1))
-            accept = ok & ((cp <= c) | (u < jnp.exp(-(cp - c) / temp)))
-            pos = jnp.where(accept, prop, pos)
-            c = jnp.where(accept, cp, c)
-            better = c < best_c
-            return (pos, c, jnp.where(better, pos, best_pos), jnp.where(better, c, best_c)), None
-
-        keys = jax.random.split(k, steps)
-        (pos, c, best_pos, best_c), _ = jax.lax.scan(step, (p0, c0, p0, c0), (keys, temps))
-        return best_pos, best_c
-
-    return jax.vmap(chain)(pos0, jax.random.split(key, pos0.shape[0]), alpha)
+def _positions_transfer_cost(pos, h, w, shared, alpha):
+    """TransferCost of encoded instance positions ``[N, 3]`` (the cost :func:`anneal_placements` minimises)."""
+    hops, incidence, is_pre, rows, cols = shared
+    die = jnp.clip(pos[:, 0] + (h - 1) // 2, 0, rows - 1) * cols + jnp.clip(pos[:, 1] + (w - 1) // 2, 0, cols - 1)
+    dist = hops[die][:, die]                                            # [N, N]
+    dist = jnp.where(is_pre[None, :], jnp.iinfo(jnp.int32).max, dist)   # targets must be decode instances
+    nearest = jnp.argmin(dist, axis=1)
+    routes = incidence[die, die[nearest]].astype(alpha.dtype)           # [N, L]
+    use = jnp.sum(jnp.where(is_pre[:, None], routes, 0.0), axis=0)
+    return jnp.sum(jnp.where(use > 0, use * alpha ** jnp.maximum(use - 1, 0), 0.0))
 
 
 @dataclass
 class AnnealResult:
+    """Best layout of an annealing run, its TransferCost, each chain's best cost and the runtime."""
+
     layout: Layout
     cost: float
     chain_costs: list[float]
@@ -569,16 +286,14 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
     Returns:
       one :class:`AnnealResult` per alpha (its best chain; never worse than its start).
     """
-    _check_mesh(wafer)
+    check_mesh(wafer)
     if len(starts) != len(alphas) or not alphas:
         raise SpecError("give one start layout per alpha (and at least one alpha)")
     for a in alphas:
-        _check_alpha(a)
+        check_alpha(a)
     for name, v in (("chains", chains), ("steps", steps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise SpecError(f"{name} must be a positive integer, got {v!r}")
-    if not (t_start > 0 and t_end > 0):
-        raise SpecError("annealing temperatures must be positive")
     t0 = time.perf_counter()
     insts = list(starts[0].instances)
     pre = [i for i in insts if i.kind == "prefill"]
@@ -618,13 +333,13 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
         pos0 += [own] + [own if x is None else x for x in randoms]
         alpha_c += [float(a)] * chains
     g = _Geometry(wafer)
-    temps = np.geomspace(t_start, t_end, steps)
-    best_pos, best_c = _anneal(jnp.asarray(np.stack(pos0)), jax.random.PRNGKey(seed), jnp.asarray(base_h),
-                               jnp.asarray(base_w), jnp.asarray(is_pre), jnp.asarray(g.hops),
-                               jnp.asarray(g.incidence), jnp.asarray(alpha_c), jnp.asarray(temps),
-                               wafer.rows, wafer.cols, steps, 1)
-    best_pos = np.asarray(best_pos).reshape(len(alphas), chains, len(insts), 3)
-    best_c = np.asarray(best_c).reshape(len(alphas), chains)
+    best_pos, best_c = search_placement(
+        _positions_transfer_cost, (jnp.asarray(g.hops), jnp.asarray(g.incidence), jnp.asarray(is_pre),
+         jnp.asarray(wafer.rows), jnp.asarray(wafer.cols)),
+        jnp.asarray(alpha_c), np.stack(pos0), np.stack([base_h, base_w], axis=1), (wafer.rows, wafer.cols), steps,
+        seed, (t_start, t_end))
+    best_pos = best_pos.reshape(len(alphas), chains, len(insts), 3)
+    best_c = best_c.reshape(len(alphas), chains)
     elapsed = time.perf_counter() - t0
     out = []
     for a_i, a in enumerate(alphas):
@@ -653,10 +368,10 @@ def exhaustive_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode
     Returns:
       (best layout, its cost, number of layouts enumerated).
     """
-    _check_mesh(wafer)
-    _check_alpha(alpha)
+    check_mesh(wafer)
+    check_alpha(alpha)
     prefill_shape, decode_shape = tuple(prefill_shape), tuple(decode_shape)
-    _check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
+    check_request(wafer, [(prefill_shape, n_prefill), (decode_shape, n_decode)])
     pre, dec, layouts = enumerate_layouts(wafer, prefill_shape, n_prefill, decode_shape, n_decode, max_layouts)
     if not layouts:
         raise SpecError(f"these instances cannot be packed on {wafer.name}")
@@ -698,7 +413,7 @@ def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_s
       (rows ``[PlacementComparison]``, best layouts per alpha ``{alpha: Layout}``).
     """
     for a in alphas:
-        _check_alpha(a)
+        check_alpha(a)
     rng = np.random.default_rng(seed)
     randoms = []
     for _ in range(random_samples):
@@ -731,74 +446,10 @@ def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_s
     return rows, best
 
 
-# --------------------------------------------------------------------------- figure
-
-
-def plot_placement(wafer: WaferSpec, layout: Layout, path, alpha: float = 1.0, title: str | None = None):
-    """Draw the wafer, its instances and the KV routes (prefill centre -> nearest decode centre).
-
-    Link width grows with the number of transfers sharing it.  Saves to ``path``
-    (any format matplotlib knows, from the suffix) and returns the path.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-    from pathlib import Path
-
-    rep = transfer_cost(wafer, layout, alpha)
-    fig, ax = plt.subplots(figsize=(0.9 * wafer.cols + 1.5, 0.9 * wafer.rows + 1.2))
-    for r in range(wafer.rows):
-        for c in range(wafer.cols):
-            ax.add_patch(Rectangle((c - 0.45, r - 0.45), 0.9, 0.9, fc="#f2f2f2", ec="#bbbbbb", lw=0.5))
-    colours = {"prefill": "#f4a259", "decode": "#5b8e7d"}
-    counters = {"prefill": 0, "decode": 0}
-    for inst in layout.instances:
-        ax.add_patch(Rectangle((inst.col - 0.48, inst.row - 0.48), inst.cols - 0.04, inst.rows - 0.04,
-                               fc=colours[inst.kind], ec="black", lw=1.2, alpha=0.75))
-        cr, cc = inst.centre
-        ax.text(inst.col + (inst.cols - 1) / 2, inst.row + (inst.rows - 1) / 2 + 0.27,
-                f"{inst.kind[0].upper()}{counters[inst.kind]}", ha="center", va="center", fontsize=8, weight="bold",
-                bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.6))
-        ax.plot(cc, cr, "k.", ms=4)
-        counters[inst.kind] += 1
-    for (a, b), u in rep.link_use.items():
-        ra, ca = divmod(a, wafer.cols)
-        rb, cb = divmod(b, wafer.cols)
-        off = 0.08 if (b > a) else -0.08  # keep the two directions apart
-        dx, dy = (0, off) if ra == rb else (off, 0)
-        ax.annotate("", xy=(cb + dx, rb + dy), xytext=(ca + dx, ra + dy),
-                    arrowprops=dict(arrowstyle="-|>", color="#c0392b" if u > 1 else "#2c3e50", lw=1.0 + 1.2 * (u - 1),
-                                    shrinkA=0, shrinkB=0))
-    ax.set_xlim(-0.6, wafer.cols - 0.4)
-    ax.set_ylim(wafer.rows - 0.4, -0.6)
-    ax.set_aspect("equal")
-    ax.set_xticks(range(wafer.cols))
-    ax.set_yticks(range(wafer.rows))
-    ax.set_xlabel("die column")
-    ax.set_ylabel("die row")
-    ax.set_title(title or f"{wafer.name}: TransferCost {rep.cost:.1f} (alpha={alpha:g}, hops {rep.hop_sum}, "
-                          f"shared links {rep.shared_links})", fontsize=9)
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(fc=colours["prefill"], ec="black", label="prefill instance"),
-                       Patch(fc=colours["decode"], ec="black", label="decode instance"),
-                       Line2D([], [], color="#2c3e50", label="KV route"),
-                       Line2D([], [], color="#c0392b", lw=2.2, label="shared link")],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
 
 
 __all__ = [
-    "Instance", "Layout", "TransferReport", "AnnealResult", "PlacementComparison", "pack_instances",
-    "enumerate_layouts", "transfer_cost_arrays", "transfer_cost", "decode_centred_placement", "random_placement",
-    "anneal_placement", "anneal_placements", "exhaustive_placement", "compare_placements", "plot_placement",
+    "TransferReport", "AnnealResult", "PlacementComparison", "transfer_cost_arrays", "transfer_cost",
+    "decode_centred_placement", "random_placement", "anneal_placement", "anneal_placements", "exhaustive_placement",
+    "compare_placements",
 ]

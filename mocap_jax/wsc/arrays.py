@@ -1,0 +1,35 @@
+"""Array primitives of the serving program that stay linear in the length of what they scan.
+
+``jnp.cumsum`` lowers to a full-length ``reduce_window`` on CPU, whose cost grows with the
+square of the length; over a decode batch's slots (hundreds) that dominates a scan step.
+These helpers use a log-depth associative scan or a single reduction instead (for a few
+entries, ``jnp.cumsum`` is cheaper: the scan's extra operations cost more than it saves).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def prefix_sum(x, axis: int = 0):
+    """Inclusive prefix sum along ``axis`` (``jnp.cumsum``), by an associative scan."""
+    return jax.lax.associative_scan(jnp.add, x, axis=axis)
+
+
+def first_true(mask, k: int, fill: int):
+    """Indices of the first ``k`` True entries of a 1-D ``mask`` (``fill`` where there are fewer)."""
+    n = mask.shape[0]
+    rank = prefix_sum(mask.astype(jnp.int32)) - 1
+    slot = jnp.where(mask & (rank < k), rank, k)
+    return jnp.full(k, fill, jnp.int32).at[slot].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def leading_true(mask):
+    """How many entries of a 1-D ``mask`` are True before the first False."""
+    if mask.shape[0] == 0:
+        return jnp.zeros((), jnp.int32)
+    return jnp.where(jnp.all(mask), mask.shape[0], jnp.argmin(mask)).astype(jnp.int32)
+
+
+__all__ = ["prefix_sum", "first_true", "leading_true"]

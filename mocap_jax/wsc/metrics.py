@@ -1,0 +1,153 @@
+"""Serving metrics of a simulated design point: per-request latencies and aggregates.
+
+TTFT, TPOT and E2E per request (:func:`request_metrics`), and their mean / p50 / p99,
+throughput, tokens/s, SLO attainment, goodput and DRAM utilisation (:func:`aggregate_metrics`).
+Both simulators report through these functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .setup import ServingSetup
+from .traces import Trace
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request latencies (``[N]``, seconds; nan when the request never finished).
+
+    ``ttft`` = first token - arrival; ``e2e`` = last token - arrival; ``tpot`` =
+    (e2e - ttft) / (output - 1), nan for one-token outputs.
+    """
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    finished: np.ndarray
+    dropped: np.ndarray
+
+
+def request_metrics(trace: Trace, ttft_t, finish_t, dropped) -> RequestMetrics:
+    a = trace.arrival_s
+    o = trace.output_tokens.astype(float)
+    ttft_t = np.asarray(ttft_t, float)
+    finish_t = np.asarray(finish_t, float)
+    finished = np.isfinite(finish_t)
+    ttft = np.where(np.isfinite(ttft_t), ttft_t - a, np.nan)
+    e2e = np.where(finished, finish_t - a, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(finished & (o > 1), (finish_t - ttft_t) / np.maximum(o - 1, 1), np.nan)
+    return RequestMetrics(ttft=ttft, tpot=tpot, e2e=e2e, finished=finished, dropped=np.asarray(dropped, bool))
+
+
+def _stats(x: np.ndarray, prefix: str) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return {f"{prefix}_mean": math.inf, f"{prefix}_p50": math.inf, f"{prefix}_p99": math.inf}
+    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_p50": float(np.percentile(x, 50)),
+            f"{prefix}_p99": float(np.percentile(x, 99))}
+
+
+def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_area: float, kv_peak: float,
+                      end_s: float) -> dict[str, Any]:
+    """Aggregate serving metrics of one design point.
+
+    Returns a dict with ``ttft_*``, ``tpot_*``, ``e2e_*`` (mean / p50 / p99, s),
+    ``finished``, ``dropped``, ``makespan_s`` (last finish - first arrival),
+    ``throughput_rps``, ``tokens_per_s`` (output tokens of finished requests),
+    ``slo_attainment`` (share of the N requests meeting both the TTFT and the TPOT SLO),
+    ``goodput_rps`` (offered rate x SLO attainment: requests/s served within the SLOs),
+    ``dram_util_mean`` / ``dram_util_peak`` (resident + KV over physical DRAM, whole wafer) and
+    ``offered_rps``.
+    """
+    cfg = setup.config
+    n = len(trace)
+    fin = rm.finished
+    out = {"requests": n, "finished": int(fin.sum()), "dropped": int(rm.dropped.sum()),
+           "offered_rps": trace.rate}
+    out.update(_stats(rm.ttft, "ttft"))
+    out.update(_stats(rm.tpot, "tpot"))
+    out.update(_stats(rm.e2e, "e2e"))
+    last = float(np.max(np.where(fin, trace.arrival_s + np.nan_to_num(rm.e2e, nan=0.0), -np.inf))) if fin.any() \
+        else math.nan
+    makespan = last - float(trace.arrival_s[0]) if fin.any() else math.nan
+    ok_tpot = np.where(np.isnan(rm.tpot), True, rm.tpot <= cfg.tpot_slo_s)
+    good = fin & (rm.ttft <= cfg.ttft_slo_s) & ok_tpot
+    out["makespan_s"] = makespan
+    pos = makespan > 0
+    out["throughput_rps"] = float(fin.sum() / makespan) if pos else 0.0
+    out["tokens_per_s"] = float(trace.output_tokens[fin].sum() / makespan) if pos else 0.0
+    out["slo_attainment"] = float(good.sum() / n)
+    out["goodput_rps"] = out["slo_attainment"] * trace.rate if math.isfinite(trace.rate) else 0.0
+    cap = float(np.sum(setup.capacity))
+    res = float(np.sum(setup.resident))
+    span = float(end_s - trace.arrival_s[0])
+    out["dram_util_mean"] = (res + (kv_area / span if span > 0 else 0.0)) / cap
+    out["dram_util_peak"] = (res + kv_peak) / cap
+    return out
+
+
+@dataclass
+class ServingResult:
+    """Outcome of one design point: set-up, trace, per-request and aggregate metrics."""
+
+    setup: ServingSetup
+    trace: Trace
+    metrics: dict[str, Any]
+    requests: RequestMetrics | None = None
+    raw: dict[str, np.ndarray] | None = None
+
+    def row(self) -> dict[str, Any]:
+        d = self.setup.describe()
+        d.update(workload=self.trace.name, offered_rps=self.trace.rate)
+        d.update(self.metrics)
+        return d
+
+
+def infeasible_metrics(trace: Trace) -> dict[str, Any]:
+    """Metrics row of a design point that cannot serve the model (infinite latency, zero throughput)."""
+    out = {"requests": len(trace), "finished": 0, "dropped": 0, "offered_rps": trace.rate}
+    for k in ("ttft", "tpot", "e2e"):
+        out.update({f"{k}_mean": math.inf, f"{k}_p50": math.inf, f"{k}_p99": math.inf})
+    out.update(makespan_s=math.nan, throughput_rps=0.0, tokens_per_s=0.0, goodput_rps=0.0, slo_attainment=0.0,
+               dram_util_mean=math.nan, dram_util_peak=math.nan)
+    return out
+
+
+def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]:
+    """Relative error of one simulation against another, e.g. the array program against the reference.
+
+    Returns:
+      ``{ttft,tpot,e2e}_{mean,max}_rel_err`` over requests finished by both,
+      ``same_finished`` (identical sets of finished / dropped requests), the largest relative
+      difference of the aggregate metrics (``aggregate_max_rel_err``) and of SLO goodput
+      (``goodput_rel_err``).
+    """
+    a, b = array_result.requests, ref.requests
+    out: dict[str, Any] = {"same_finished": bool(np.array_equal(a.finished, b.finished)
+                                                 and np.array_equal(a.dropped, b.dropped))}
+    both = a.finished & b.finished
+    for k in ("ttft", "tpot", "e2e"):
+        x, y = getattr(a, k)[both], getattr(b, k)[both]
+        ok = np.isfinite(x) & np.isfinite(y)
+        rel = np.abs(x[ok] - y[ok]) / np.maximum(np.abs(y[ok]), 1e-12)
+        out[f"{k}_mean_rel_err"] = float(rel.mean()) if rel.size else 0.0
+        out[f"{k}_max_rel_err"] = float(rel.max()) if rel.size else 0.0
+    worst = 0.0
+    for k in ("ttft_mean", "tpot_mean", "e2e_mean", "e2e_p99", "tokens_per_s", "dram_util_mean"):
+        x, y = array_result.metrics[k], ref.metrics[k]
+        if math.isfinite(x) and math.isfinite(y):
+            worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
+    out["aggregate_max_rel_err"] = worst
+    ga, gb = array_result.metrics["goodput_rps"], ref.metrics["goodput_rps"]
+    out["goodput_rel_err"] = abs(ga - gb) / max(abs(gb), 1e-12)
+    return out
+
+
+__all__ = ["RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics",
+           "agreement"]

@@ -1,0 +1,114 @@
+"""One scan step of the serving program, and the compiled scan over a batch of design points.
+
+Prefill events are the only events that read what other events change (queues filled by
+arrivals, memory and loads changed by decode finishes); arrivals and decode boundaries do not
+interact with each other, and decode boundaries of different instances commute.  So a step
+processes, in this order:
+
+1. up to ``sh.arrivals`` arrivals no later than the next prefill event (an arrival that wakes
+   an idle prefill instance makes that the next prefill event);
+2. up to ``sh.decode_parallel`` decode boundaries no later than the next prefill event or
+   arrival, in parallel (only the earliest while a prefill instance is blocked on memory: its
+   finish makes the blocked instances retry at that time);
+3. the next prefill event, if every arrival and decode boundary at or before it is done.
+
+The result is the contract's total order (decode boundaries, then arrivals, then prefill
+events at equal times), with many events per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import traffic as tf
+from .serving_decode import DecodeOutcome, decode_boundary
+from .serving_inputs import ServingInputs, ServingShape
+from .serving_prefill import arrivals, prefill_event
+from .serving_state import ServingState, initial_state
+
+
+def _apply_decode(st: ServingState, out: DecodeOutcome, times, sh: ServingShape) -> ServingState:
+    """Write the outcomes ``[R]`` of parallel decode boundaries into the state."""
+    dec, rs, tot, tr = st.decode, st.requests, st.totals, st.traffic
+    q = out.instance
+    rows = lambda x, v: x.at[q].set(v, mode="drop")
+    dec = dataclasses.replace(
+        dec, slot_request=rows(dec.slot_request, out.slot_request),
+        slot_generated=rows(dec.slot_generated, out.slot_generated), slot_prompt=rows(dec.slot_prompt, out.slot_prompt),
+        slot_output=rows(dec.slot_output, out.slot_output), head=rows(dec.head, out.head),
+        continuing=rows(dec.continuing, out.continuing), next_t=rows(dec.next_t, out.next_t),
+        leap_ends=rows(dec.leap_ends, out.leap_ends), leap_count=rows(dec.leap_count, out.leap_count),
+        remote_context=rows(dec.remote_context, out.remote_context),
+        remote_growth=rows(dec.remote_growth, out.remote_growth),
+        load=dec.load.at[q].add(out.load_change, mode="drop"))
+    done = q < sh.decode
+    finished_t = jnp.broadcast_to(times[:, None], out.finished.shape)
+    rs = dataclasses.replace(rs, finish_t=rs.finish_t.at[out.finished.reshape(-1)].set(finished_t.reshape(-1),
+                                                                                         mode="drop"))
+    tot = dataclasses.replace(
+        tot, free=tot.free + jnp.sum(out.freed, axis=0), kv_area=tot.kv_area + jnp.sum(out.kv_area),
+        events=tot.events + jnp.sum(done, dtype=jnp.int32), leaped=tot.leaped + jnp.sum(out.leaped, dtype=jnp.int32),
+        last_t=jnp.maximum(tot.last_t, jnp.max(jnp.where(done, times, -jnp.inf))))
+    if sh.contention:
+        tr = tf.set_instance_demand(tr, "decode", q, out.link_demand, out.dram_demand)
+    return dataclasses.replace(st, decode=dec, requests=rs, totals=tot, traffic=tr)
+
+
+def step(inp: ServingInputs, st: ServingState, sh: ServingShape) -> ServingState:
+    """Arrivals, parallel decode boundaries and one prefill event (see the module docstring)."""
+    lay, req = inp.layout, inp.requests
+    ft = req.arrival.dtype
+    inf = jnp.asarray(jnp.inf, ft)
+    st = arrivals(inp, st, sh)
+    pre, dec = st.prefill, st.decode
+    t_prefill = jnp.min(pre.next_t)
+    i = jnp.clip(st.requests.next_arrival, 0, sh.requests - 1)
+    t_arrival = jnp.where(st.requests.next_arrival < req.count, req.arrival[i], inf)
+    horizon = jnp.minimum(t_prefill, t_arrival)
+    blocked = lay.prefill_valid & ~pre.busy & (pre.pending > 0)
+    any_blocked = jnp.any(blocked)
+    # 2. decode boundaries due by the horizon, earliest first
+    due = jnp.where(lay.decode_valid & (dec.next_t <= horizon), dec.next_t, inf)
+    r = min(sh.decode_parallel, sh.decode)
+    order = jnp.argsort(due)[:r].astype(jnp.int32)
+    times = due[order]
+    rank = jnp.arange(r)
+    do = jnp.isfinite(times) & (~any_blocked | (rank == 0))
+    out = jax.vmap(decode_boundary, in_axes=(None, None, 0, 0, 0, None))(inp, st, order, times, do, sh)
+    st = _apply_decode(st, out, times, sh)
+    retry = any_blocked & do[0] & out.any_finish[0]
+    pre = dataclasses.replace(st.prefill, next_t=jnp.where(retry & blocked, times[0], st.prefill.next_t))
+    st = dataclasses.replace(st, prefill=pre)
+    # 3. the prefill event, when nothing at or before it is left
+    p = jnp.argmin(pre.next_t).astype(jnp.int32)
+    t_p = pre.next_t[p]
+    ready = jnp.isfinite(t_p) & (t_arrival > t_p) & (jnp.min(jnp.where(lay.decode_valid, st.decode.next_t, inf)) > t_p)
+    return prefill_event(inp, st, p, t_p, ready, sh)
+
+
+def finished(inp: ServingInputs, st: ServingState):
+    """Every request has arrived and no instance has an event left."""
+    return (st.requests.next_arrival >= inp.requests.count) & ~jnp.any(jnp.isfinite(st.prefill.next_t)) \
+        & ~jnp.any(jnp.isfinite(st.decode.next_t))
+
+
+@partial(jax.jit, static_argnames=("sh",))
+def init_batch(inp: ServingInputs, sh: ServingShape) -> ServingState:
+    """Initial states of a batch of design points (leading axis ``[G]``)."""
+    return jax.vmap(lambda x: initial_state(x, sh))(inp)
+
+
+@partial(jax.jit, static_argnames=("sh", "steps"), donate_argnums=(1,))
+def run_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int):
+    """``steps`` scan steps of every design point of a batch; returns the states and which are finished."""
+    def one(x, s):
+        s, _ = jax.lax.scan(lambda c, _: (step(x, c, sh), None), s, None, length=steps)
+        return s, finished(x, s)
+    return jax.vmap(one)(inp, st)
+
+
+__all__ = ["step", "finished", "init_batch", "run_batch"]

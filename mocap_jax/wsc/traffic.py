@@ -1,0 +1,149 @@
+"""The contention model of the serving program: streams, their demand on links and DRAM, their shares.
+
+A *stream* is one activity that moves bytes over shared resources -- an instance's iteration
+(its ring collectives on the instance's links, its reads of its own DRAM, and for a decode
+instance its reads of KV held on other dies over the routes from those dies and their DRAM)
+or a KV transfer from a prefill instance to the dies that receive the KV.  Its *demand* on a
+resource is the rate it would use alone: the bytes it moves there over its duration without
+contention.  A resource of capacity ``c`` (link or DRAM bandwidth with its efficiency) whose
+streams demand more than ``c`` is shared by a rule:
+
+* ``max-min`` (max-min fairness): no stream gets more than it demands, and the rest is split
+  so that no stream could get more without taking from one that gets less;
+* ``proportional``: every stream gets ``c / total demand`` of its demand.
+
+A stream's *share* of a resource is the fraction of its demand it gets there; its bandwidth on
+the resource is its isolated bandwidth times that share (:func:`share`).  The array program
+evaluates shares once, when a stream starts, against the demand of the streams in flight at
+that moment, and with per-resource totals instead of every stream's demand: proportional
+sharing is exact from the total, max-min fairness is approximated by the larger of what the
+others leave and the proportional share (exact when the resource is not over-subscribed or
+when every competitor demands at least the fair share).  The event-driven reference
+re-shares exactly at every stream start and end (:mod:`mocap_jax.wsc.reference_flows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from .hardware import WaferParams
+from .serving_inputs import ServingInputs
+from .serving_state import TrafficState
+
+Array = Any
+MAX_MIN, PROPORTIONAL = 0, 1
+
+
+def share(demand, others, capacity, rule):
+    """Fraction of ``demand`` a stream receives on resources of ``capacity`` beside ``others`` (elementwise).
+
+    1 where the stream demands nothing there or the resource is not over-subscribed.
+    """
+    d = jnp.maximum(demand, 1e-30)
+    proportional = jnp.minimum(1.0, capacity / jnp.maximum(demand + others, 1e-30))
+    fair = jnp.minimum(1.0, jnp.maximum((capacity - others) / d, proportional))
+    s = jnp.where(rule == PROPORTIONAL, proportional, fair)
+    return jnp.where(demand > 0, s, 1.0)
+
+
+def background(tr: TrafficState, t):
+    """Demand of every stream in flight at ``t``: (links ``[L]``, DRAM ``[D]``), bytes/s."""
+    live = (tr.transfer_end > t).astype(tr.transfer_link.dtype)
+    return tr.instance_link + live @ tr.transfer_link, tr.instance_dram
+
+
+def set_instance_demand(tr: TrafficState, kind: str, index, link, dram) -> TrafficState:
+    """Replace the demand row of prefill or decode instance(s) ``index`` (out of range: no change), keeping the totals.
+
+    ``index`` is a scalar or ``[R]`` distinct indices with rows ``link [.., L]`` and ``dram [.., D]``.
+    """
+    links, drams = getattr(tr, f"{kind}_link"), getattr(tr, f"{kind}_dram")
+    valid = (index >= 0) & (index < links.shape[0])
+    safe = jnp.clip(index, 0, links.shape[0] - 1)
+    keep = lambda new, old: jnp.where(jnp.expand_dims(valid, -1), new, old)
+    old_l, old_d = links[safe], drams[safe]
+    new_l, new_d = keep(link, old_l), keep(dram, old_d)
+    delta_l, delta_d = new_l - old_l, new_d - old_d
+    if jnp.ndim(index):
+        delta_l, delta_d = jnp.sum(delta_l, axis=0), jnp.sum(delta_d, axis=0)
+    return dataclasses.replace(
+        tr, instance_link=jnp.maximum(tr.instance_link + delta_l, 0.0),
+        instance_dram=jnp.maximum(tr.instance_dram + delta_d, 0.0),
+        **{f"{kind}_link": links.at[index].set(link, mode="drop"), f"{kind}_dram": drams.at[index].set(dram, mode="drop")})
+
+
+def iteration_shares(inp: ServingInputs, link_demand, dram_demand, link_others, dram_others, own, ring_uses):
+    """Shares of an instance iteration: (own DRAM, collectives, per link ``[L]``, per die DRAM ``[D]``).
+
+    ``own [D]``: 1 on the instance's dies; ``ring_uses [L]``: links its collectives cross.
+    """
+    tr = inp.traffic
+    link = share(link_demand, link_others, tr.link_capacity, tr.rule)
+    dram = share(dram_demand, dram_others, tr.dram_capacity, tr.rule)
+    own_dram = jnp.min(jnp.where(own > 0, dram, 1.0))
+    collective = jnp.min(jnp.where(ring_uses > 0, link, 1.0))
+    return own_dram, collective, link, dram
+
+
+def shared_hardware(hw: WaferParams, own_dram, collective) -> WaferParams:
+    """The hardware an iteration sees: its DRAM and collective bandwidth scaled by its shares."""
+    return hw.replace(dram_bandwidth=hw.dram_bandwidth * own_dram, link_bandwidth=hw.link_bandwidth * collective,
+                      node_bandwidth=hw.node_bandwidth * collective)
+
+
+def ring_link_bytes(ring_bytes, group_bytes, ring_uses, group_uses):
+    """Bytes an iteration's collectives move over each link ``[L]``."""
+    return ring_bytes * ring_uses + group_bytes * group_uses
+
+
+def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, t):
+    """Seconds to move ``link_bytes [L]`` while the transfers in flight end at their recorded times.
+
+    The iteration streams are taken as lasting; between consecutive ends of the other
+    transfers the shares are constant, so each link's bytes are done at a piecewise-linear
+    pace and the last link to finish sets the time.
+    """
+    cap, rule = inp.traffic.link_capacity, inp.traffic.rule
+    order = jnp.argsort(tr.transfer_end)
+    ends = jnp.maximum(tr.transfer_end[order], t)                                    # [M] ascending
+    starts = jnp.concatenate([jnp.reshape(t, (1,)), ends])                          # [M+1] segment starts
+    length = jnp.concatenate([ends - starts[:-1], jnp.full((1,), jnp.inf, ends.dtype)])
+    # in segment j the transfers ending after its start are live: a suffix of the sorted order
+    rows = jnp.where((tr.transfer_end[order] > t)[:, None], tr.transfer_link[order], 0.0)
+    live = jnp.concatenate([jnp.cumsum(rows[::-1], axis=0)[::-1], jnp.zeros_like(rows[:1])])   # [M+1, L]
+    rate = cap[None, :] * share(demand[None, :], tr.instance_link[None, :] + live, cap[None, :], rule)
+    moved = jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0)
+    done_before = jnp.cumsum(moved, axis=0) - moved                                          # bytes done before segment j
+    reached = (done_before + rate * length[:, None]) >= link_bytes[None, :]
+    j = jnp.argmax(reached, axis=0)                                                  # first segment that finishes
+    pick = lambda x: jnp.take_along_axis(x, j[None, :], axis=0)[0]
+    finish = starts[j] - t + (link_bytes - pick(done_before)) / jnp.maximum(pick(rate), 1e-30)
+    return jnp.max(jnp.where(link_bytes > 0, finish, 0.0), initial=0.0)
+
+
+def transfer_start(inp: ServingInputs, tr: TrafficState, p, outbound, latency, t):
+    """A KV transfer from prefill instance ``p`` of ``outbound [D]`` bytes per target die, starting at ``t``.
+
+    Its bytes cross the links of the routes from every die of ``p`` (an equal share each) to
+    every target.  Returns (seconds, traffic state with the transfer recorded): isolated, the
+    most loaded link sets the time; with others in flight each link gives it its share.
+    """
+    cap = inp.traffic.link_capacity
+    link_bytes = outbound @ inp.traffic.transfer_routes[p]                       # [L]
+    busy = link_bytes > 0
+    alone = jnp.max(jnp.where(busy, link_bytes / jnp.maximum(cap, 1e-30), 0.0), initial=0.0)
+    demand = jnp.where(busy & (alone > 0), link_bytes / jnp.maximum(alone, 1e-30), 0.0)
+    moving = _transfer_seconds(inp, tr, link_bytes, demand, t)
+    seconds = jnp.where(jnp.sum(outbound) > 0, latency + moving, 0.0)
+    slot = tr.transfer_next
+    tr = dataclasses.replace(tr, transfer_link=tr.transfer_link.at[slot].set(demand),
+                    transfer_end=tr.transfer_end.at[slot].set(jnp.where(seconds > 0, t + seconds, t)),
+                    transfer_next=(slot + 1) % tr.transfer_end.shape[0])
+    return seconds, tr
+
+
+__all__ = ["MAX_MIN", "PROPORTIONAL", "share", "background", "set_instance_demand", "iteration_shares", "shared_hardware",
+           "ring_link_bytes", "transfer_start"]
