@@ -15,6 +15,7 @@ from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
 from ..wsc.workload import WORKLOAD_TTFT_SLOS
+from .common import check_output_dir, check_output_file
 from .wsc_args import (METRIC_COLUMNS, emit_json, floats, metric_cells, names, program_dtype, serving_args,
                        serving_config, table)
 
@@ -80,6 +81,9 @@ def cmd_explore(args) -> int:
     sweep = sweep_from_args(args)
     hw = sweep.hardware
     models, workloads, loads = sweep.models, sweep.workloads, sweep.loads
+    check_output_dir(args.out)
+    if not args.no_figure:
+        check_output_file(args.figure)
     res = ex.explore(sweep, config, {} if args.ttft_slo_s is not None else None, program_dtype(args))
     out = Path(args.out)
     csv_path = res.write_csv(out / "wsc_explore.csv")
@@ -118,6 +122,9 @@ def cmd_baselines(args) -> int:
     config = serving_config(args)
     loads = floats(args.loads, "--loads")
     dtype = program_dtype(args)
+    check_output_dir(args.out)
+    if not args.no_figures:
+        check_output_dir(args.figures_dir)
     res = bl.run_baselines(args.model, args.workload, loads, args.requests, args.wafer, args.cluster, config,
                            args.seed, dtype, ablations=not args.no_ablations, ablation_wafer=args.ablation_wafer)
     out = Path(args.out)
@@ -161,6 +168,9 @@ def cmd_robustness(args) -> int:
     config = serving_config(args)
     sweep = sweep_from_args(args)
     perts = rb.sample_perturbations(args.perturbations, args.seed, args.spread, (args.latency_min, args.latency_max))
+    check_output_dir(args.out)
+    if not args.no_figure:
+        check_output_file(args.figure)
     res = rb.run_robustness(sweep, perts, config, {} if args.ttft_slo_s is not None else None, program_dtype(args),
                             args.group)
     out = Path(args.out)

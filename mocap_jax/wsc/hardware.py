@@ -34,6 +34,7 @@ import numpy as np
 
 from ..costs import pytree
 from ..specs import HardwareSpec, SpecError
+from ..specs.checks import LIMITS
 
 Array = Any
 
@@ -101,6 +102,9 @@ class WaferSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise SpecError(f"wafer {self.name!r}: {f} must be a positive integer, got {v!r}")
+        if self.rows * self.cols > LIMITS["dies"]:
+            raise SpecError(f"wafer {self.name!r}: {self.rows * self.cols:,} dies exceed the largest grid the "
+                            f"simulator represents, {LIMITS['dies']:,} dies; use fewer rows or cols")
         if self.topology not in ("mesh", "cluster"):
             raise SpecError(f"wafer {self.name!r}: topology must be 'mesh' or 'cluster', got {self.topology!r}")
         for f in ("peak_flops", "dram_capacity", "dram_bandwidth", "link_bandwidth", "node_bandwidth",
