@@ -68,6 +68,7 @@ def test_memory_json(capsys):
     (["wsc-llm", "partition", "--dram-gb", "-4"], "--dram-gb must be a positive"),
     (["wsc-llm", "place", "--hardware", "a100-cluster"], "mesh wafer"),
     (["wsc-llm", "serve", "--rows", "100000"], "exceed the largest grid"),
+    (["wsc-llm", "serve", "--requests", "1000000000"], "exceeds the largest value"),
     (["wsc-llm", "partition", "--hardware", "wsc-100x100"], "exceed the largest grid"),
     (["wsc-llm", "explore", "--out", __file__], "is a file, not a directory"),
     (["wsc-llm", "robustness", "--out", __file__ + "/x"], "is a file, not a directory"),

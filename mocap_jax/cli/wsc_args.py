@@ -273,8 +273,9 @@ def serving_config(args, workload: str | None = None):
     ttft = args.ttft_slo_s if args.ttft_slo_s is not None else WORKLOAD_TTFT_SLOS.get(workload, ServingConfig.ttft_slo_s)
     if not (args.tpot_slo_ms > 0 and ttft > 0) or not math.isfinite(args.tpot_slo_ms + ttft):
         raise SpecError("--tpot-slo-ms and --ttft-slo-s must be positive numbers")
-    if getattr(args, "requests", None) is not None and args.requests < 2:
-        raise SpecError(f"--requests must be an integer >= 2, got {args.requests}")
+    if getattr(args, "requests", None) is not None:
+        checks.integer("--requests", args.requests, 2, checks.LIMITS["requests"],
+                       " Pass the requests to simulate per point, e.g. 1000.")
     strategies = part.validate_strategies([x.strip() for x in args.strategies.split(",") if x.strip()])
     contention = checks.choice("contention rule", args.contention, CONTENTION)
     return ServingConfig(chunk_tokens=args.chunk, tpot_slo_s=args.tpot_slo_ms / 1e3, ttft_slo_s=ttft,

@@ -164,6 +164,7 @@ def cmd_baselines(args) -> int:
           f"{t['requests_per_wall_s']:.0f} simulated requests per wall-second")
     return 0
 
+
 def cmd_robustness(args) -> int:
     config = serving_config(args)
     sweep = sweep_from_args(args)

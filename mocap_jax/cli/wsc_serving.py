@@ -27,8 +27,9 @@ from .wsc_args import (METRIC_COLUMNS, design_point_args, emit_json, hardware_li
 
 
 def cmd_trace(args) -> int:
-    if args.requests is not None and args.requests < 1:
-        raise SpecError(f"--requests must be a positive integer, got {args.requests}")
+    if args.requests is not None:
+        checks.integer("--requests", args.requests, 1, checks.LIMITS["requests"],
+                       " Pass how many requests of the trace to read, e.g. 1000.")
     tr = get_trace(args.workload, args.requests, args.rate, args.seed)
     summ = tr.summary()
     fit = None
