@@ -251,7 +251,8 @@ def _idealised(N_rows, N_cols):
     return m, hw
 
 
-@pytest.mark.parametrize("M,rows,cols", [(4, 4, 4), pytest.param(12, 4, 4, marks=pytest.mark.slow), (16, 4, 4),
+@pytest.mark.parametrize("M,rows,cols", [pytest.param(4, 4, 4, marks=pytest.mark.slow),
+                                         pytest.param(12, 4, 4, marks=pytest.mark.slow), (16, 4, 4),
                                          pytest.param(32, 4, 4, marks=pytest.mark.slow), (16, 2, 4)])
 def test_cross_half_pairing_reaches_the_idealised_gain(M, rows, cols):
     from mocap_jax.api import max_feasible_seq_len

@@ -6,6 +6,7 @@ import pytest
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import layout as lay_
 from mocap_jax.wsc import placement as plc
+from mocap_jax.wsc.placement_compare import compare_placements
 from mocap_jax.wsc.figures_wafer import plot_placement
 from mocap_jax.wsc.hardware import wsc_wafer
 
@@ -119,7 +120,7 @@ def test_decode_centred_puts_decode_in_the_middle():
 
 
 def test_compare_placements_and_figure(tmp_path):
-    rows, best = plc.compare_placements(W34, (1, 1), 4, (1, 2), 2, alphas=(1.0, 2.0), random_samples=10, seed=0)
+    rows, best = compare_placements(W34, (1, 1), 4, (1, 2), 2, alphas=(1.0, 2.0), random_samples=10, seed=0)
     assert [r.search_method for r in rows] == ["exhaustive", "exhaustive"]
     for r in rows:
         assert r.searched <= r.decode_centred and r.searched <= r.random_min <= r.random_mean

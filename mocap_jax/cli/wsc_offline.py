@@ -18,6 +18,7 @@ from ..wsc import memory_optimal as mopt
 from ..wsc import memory_sim as msim
 from ..wsc import partition as part
 from ..wsc import placement as plc
+from ..wsc.placement_compare import compare_placements
 from ..wsc.figures_wafer import plot_placement
 from ..wsc.hardware import WAFER_PRESETS
 from .wsc_args import common_args, emit_json, hardware_line, instance_args, offline_setup, resolve_instances, table
@@ -117,7 +118,7 @@ def cmd_place(args) -> int:
     t0 = time.perf_counter()
     layout = plc.decode_centred_placement(wafer, pshape, n_p, dshape, n_d, args.alpha)
     rep = plc.transfer_cost(wafer, layout, args.alpha)
-    rows, best = plc.compare_placements(wafer, pshape, n_p, dshape, n_d, alphas, args.random_samples, args.chains,
+    rows, best = compare_placements(wafer, pshape, n_p, dshape, n_d, alphas, args.random_samples, args.chains,
                                         args.steps, args.seed)
     elapsed = time.perf_counter() - t0
     fig = None

@@ -9,8 +9,8 @@ Modules, bottom up:
   long-context synthetic traces);
 * instance models -- :mod:`~mocap_jax.wsc.plan` (tensor-parallel plans),
   :mod:`~mocap_jax.wsc.perf` (iteration times, collectives, remote KV, memory per die);
-* offline decisions -- :mod:`~mocap_jax.wsc.partition`, :mod:`~mocap_jax.wsc.layout`,
-  :mod:`~mocap_jax.wsc.placement` (+ :mod:`~mocap_jax.wsc.placement_search`),
+* offline decisions -- :mod:`~mocap_jax.wsc.partition` (+ :mod:`~mocap_jax.wsc.goodput`), :mod:`~mocap_jax.wsc.layout`,
+  :mod:`~mocap_jax.wsc.placement` (+ :mod:`~mocap_jax.wsc.placement_search`, :mod:`~mocap_jax.wsc.placement_compare`),
   :mod:`~mocap_jax.wsc.memory` (+ :mod:`~mocap_jax.wsc.memory_optimal`,
   :mod:`~mocap_jax.wsc.memory_sim`), :mod:`~mocap_jax.wsc.setup` (a design point's tables);
 * serving simulation -- :mod:`~mocap_jax.wsc.serving` (the batched array program, built from
@@ -29,7 +29,8 @@ The command line is ``mocap-jax wsc-llm ...`` (:mod:`mocap_jax.cli.wsc`).
 from .hardware import WAFER_PRESETS, WaferParams, WaferSpec, a100_cluster, design_points, get_wafer, wsc_wafer
 from .layout import Instance, Layout
 from .metrics import ServingResult
-from .partition import PartitionResult, ServingTargets, instance_goodput
+from .goodput import ServingTargets, instance_goodput
+from .partition import PartitionResult
 from .perf import RemoteKV, decode_iteration_time, decode_time, prefill_iteration_time, prefill_time
 from .placement import anneal_placement, decode_centred_placement, exhaustive_placement, random_placement, transfer_cost
 from .plan import STRATEGIES, InstanceConfig, TPPlan, tp_plan
