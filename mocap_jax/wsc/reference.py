@@ -24,9 +24,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 
@@ -35,59 +32,11 @@ from . import memory as mem
 from .metrics import ServingResult, aggregate_metrics, request_metrics
 from .reference_costs import IterationCosts
 from .reference_flows import FlowNetwork
+from .reference_state import DecodeInstance, PrefillInstance, ReferenceOutput, Stream
 from .setup import ServingSetup
 from .traces import Trace
 
 TRANSFER, DECODE, ARRIVAL, PREFILL = -1, 0, 1, 2
-
-
-@dataclass
-class _Stream:
-    """An iteration or a KV transfer in flight (contention model)."""
-
-    link_demand: np.ndarray           # [L] bytes/s it would use alone
-    dram_demand: np.ndarray           # [D]
-    duration: Callable                # shares (link [L], DRAM [D]) -> seconds
-    seconds: float                    # duration at the current shares
-    since: float                      # when its progress was last brought up to date
-    done: float = 0.0                 # fraction of its work done
-    shares: Any = None
-
-
-@dataclass
-class _PrefillInstance:
-    queue: deque = field(default_factory=deque)   # unplaced requests in FCFS order (prefilled ones first)
-    pend: int = 0                                  # prefilled, not yet placed (at the queue front)
-    prog: float = 0.0                              # tokens prefilled of the first unprefilled request
-    busy: bool = False
-    it_complete: int = 0                           # requests the running iteration completes
-    it_prog: float = 0.0                           # progress of the first unprefilled after it
-    version: int = 0
-
-
-@dataclass
-class _DecodeInstance:
-    queue: deque = field(default_factory=deque)   # placed requests waiting for a slot (placement order)
-    batch: list = field(default_factory=list)     # [request, tokens generated so far]
-    load: int = 0                                  # assigned, unfinished
-    version: int = 0
-
-
-@dataclass
-class ReferenceOutput:
-    """Per-request times (absolute seconds, inf = never) and aggregates of one reference run."""
-
-    ttft_t: np.ndarray
-    finish_t: np.ndarray
-    ready_t: np.ndarray
-    pinst: np.ndarray
-    dinst: np.ndarray
-    dropped: np.ndarray
-    kv_area: float
-    kv_peak: float
-    end_s: float
-    events: int
-    wall_s: float
 
 
 def simulate_reference(setup: ServingSetup, trace: Trace) -> ReferenceOutput:
@@ -119,9 +68,9 @@ def simulate_reference(setup: ServingSetup, trace: Trace) -> ReferenceOutput:
         decode_own = np.zeros((Q, D))
         for q, inst in enumerate(setup.layout.decode):
             decode_own[q, [r * hw.cols + c for r, c in inst.cells()]] = 1.0
-    pre = [_PrefillInstance() for _ in range(P)]
-    dec = [_DecodeInstance() for _ in range(Q)]
-    streams: dict = {}               # ("prefill", p) / ("decode", q) / ("transfer", r) -> _Stream
+    pre = [PrefillInstance() for _ in range(P)]
+    dec = [DecodeInstance() for _ in range(Q)]
+    streams: dict = {}               # ("prefill", p) / ("decode", q) / ("transfer", r) -> Stream
     free = setup.free0.astype(float).copy()
     free0_total = float(np.sum(setup.free0))
     alloc: dict[int, np.ndarray] = {}
@@ -152,7 +101,7 @@ def simulate_reference(setup: ServingSetup, trace: Trace) -> ReferenceOutput:
             schedule(PREFILL if kind == "prefill" else DECODE, idx, t)
 
     def start_stream(key, t, link_demand, dram_demand, duration, alone):
-        streams[key] = _Stream(link_demand, dram_demand, duration, alone, t)
+        streams[key] = Stream(link_demand, dram_demand, duration, alone, t)
         if contended:
             network.add(key, link_demand, dram_demand)
             state["changed"] = True
