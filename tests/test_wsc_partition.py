@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mocap_jax.specs import SpecError, get_model
+from mocap_jax.wsc import goodput
 from mocap_jax.wsc import partition as part
 from mocap_jax.wsc import plan as pl
 from mocap_jax.wsc.hardware import WaferParams, a100_cluster, wsc_wafer
@@ -21,7 +22,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-in
 
 def test_workload_moments_by_hand():
     wl = WorkloadSpec("two", 1.0, (100.0, 3000.0), (10.0, 30.0), (3.0, 1.0))  # weights normalise to 0.75 / 0.25
-    mo = part.workload_moments(WorkloadParams.from_spec(wl, jnp.float64), 1000.0)
+    mo = goodput.workload_moments(WorkloadParams.from_spec(wl, jnp.float64), 1000.0)
     assert float(mo["mean_prompt"]) == pytest.approx(0.75 * 100 + 0.25 * 3000)
     assert float(mo["pairs"]) == pytest.approx(0.75 * 100 * 101 / 2 + 0.25 * 3000 * 3001 / 2)
     # KV read over chunks of 1000: 100 (one chunk) and 1000 * (1 + 2 + 3) = 3000 * (3 + 1) / 2
@@ -64,7 +65,7 @@ def _brute_pack(rows, cols, rects):
     return rec(0)
 
 
-_goodput = jax.jit(part.instance_goodput, static_argnames="max_batch")
+_goodput = jax.jit(goodput.instance_goodput, static_argnames="max_batch")
 
 
 def _single(model, wafer, wl, targets, cfg, max_batch):
@@ -80,7 +81,7 @@ def test_partition_matches_brute_force_on_small_mesh():
     wafer = wsc_wafer(2, 3, dram_gb=16, name="small")
     wl = get_workload("azure-conv")
     res = part.partition(model, wafer, wl, max_batch=128)
-    targets = part.ServingTargets.make(2048, 0.1, 10.0)
+    targets = goodput.ServingTargets.make(2048, 0.1, 10.0)
     brute = {}
     for h, w in itertools.product(range(1, 3), range(1, 4)):  # every rectangle, both orientations separately
         for s in pl.STRATEGIES:
@@ -152,9 +153,9 @@ def test_goodput_vmaps_over_design_points():
     pts, grid = design_points(base, dram_capacity=[32e9, 64e9, 96e9], dram_bandwidth=[1e12, 3e12])
     plan = pl.tp_plan(model, base, pl.InstanceConfig(1, 2))
     wl = WorkloadParams.from_spec(get_workload("azure-conv"))
-    targets = part.ServingTargets.make()
+    targets = goodput.ServingTargets.make()
     mp = pl.model_params(model)
-    f = jax.jit(jax.vmap(lambda hw: part.instance_goodput(mp, hw, plan, wl, targets, 256)))
+    f = jax.jit(jax.vmap(lambda hw: goodput.instance_goodput(mp, hw, plan, wl, targets, 256)))
     out = jax.tree_util.tree_map(np.asarray, f(pts))
     # more DRAM capacity -> larger decode batch (or equal); more bandwidth -> more decode goodput
     cap = grid["dram_capacity"]

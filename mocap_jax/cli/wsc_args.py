@@ -16,6 +16,7 @@ import numpy as np
 
 from ..specs import SpecError, checks, get_model
 from ..wsc import partition as part
+from ..wsc.goodput import ServingTargets
 from ..wsc.hardware import WAFER_PRESETS, WaferSpec, get_wafer
 from ..wsc.plan import STRATEGIES
 from ..wsc.setup import CONTENTION, ServingConfig
@@ -178,7 +179,7 @@ def resolve_instances(args, model, wafer, workload, strategies):
     Returns:
       (prefill Candidate, n_prefill, decode Candidate, n_decode, PartitionResult or None).
     """
-    targets = part.ServingTargets.make(args.chunk, args.tpot_slo_ms / 1e3, args.ttft_slo_s)
+    targets = ServingTargets.make(args.chunk, args.tpot_slo_ms / 1e3, args.ttft_slo_s)
     parsed = {flag: parse_instance(text, flag) for flag, text in (("--prefill", args.prefill),
                                                                    ("--decode", args.decode)) if text is not None}
     if (args.prefill is None) != (args.decode is None):

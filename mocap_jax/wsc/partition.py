@@ -4,7 +4,7 @@
    count as one shape on a mesh) and every TP strategy in the given set.
 2. Evaluate, in one ``jit(vmap)`` call over all candidates, the per-die goodput of a
    prefill instance and of a decode instance on the workload
-   (:func:`instance_goodput`).
+   (:func:`mocap_jax.wsc.goodput.instance_goodput`).
 3. Pick the best candidate of each phase (highest goodput per die; ties go to fewer
    dies, then to the earlier strategy in the list).
 4. Size the counts: among all ``(n_prefill, n_decode) >= 1`` that fit the dies, take
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..specs import ModelSpec, SpecError, get_model
-from .goodput import ServingTargets, goodput_batch, instance_goodput, workload_moments
+from .goodput import ServingTargets, goodput_batch
 from .hardware import WaferParams, WaferSpec, get_wafer
 from .layout import pack_instances
 from .plan import STRATEGIES, InstanceConfig, model_params, stack_plans, tp_plan
@@ -306,7 +306,7 @@ def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str
 
 
 __all__ = [
-    "ServingTargets", "workload_moments", "instance_goodput", "instance_shapes", "Candidate", "PartitionResult",
+    "instance_shapes", "Candidate", "PartitionResult",
     "evaluate_candidates", "evaluate_candidates_many", "size_counts", "choose_partition", "partition",
     "validate_strategies",
 ]

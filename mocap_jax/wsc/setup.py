@@ -23,6 +23,7 @@ from ..specs import checks
 from . import memory as mem
 from . import partition as part
 from . import placement as plc
+from .goodput import ServingTargets
 from .geometry import (crosses_nodes, hop_matrix, link_capacity, read_resource_table, ring_resource_uses,
                        transfer_resource_counts)
 from .hardware import WaferSpec, get_wafer
@@ -79,8 +80,8 @@ class ServingConfig:
         checks.choice("contention rule", self.contention, CONTENTION)
         object.__setattr__(self, "strategies", part.validate_strategies(self.strategies))
 
-    def targets(self, dtype=jnp.float32) -> part.ServingTargets:
-        return part.ServingTargets.make(self.chunk_tokens, self.tpot_slo_s, self.ttft_slo_s, dtype)
+    def targets(self, dtype=jnp.float32) -> ServingTargets:
+        return ServingTargets.make(self.chunk_tokens, self.tpot_slo_s, self.ttft_slo_s, dtype)
 
 
 @dataclass(frozen=True)
