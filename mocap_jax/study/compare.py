@@ -34,13 +34,13 @@ from ..api.config import Config, resolve
 from ..api.search import largest_feasible_batch, largest_true, max_feasible_seq_len
 from ..api.simulate import run
 from ..partition.dp import check_granularity
-from ..partition.plan import PARTITIONED, PlanSettings, plan_partition
+from ..partition.plan import PlanSettings, plan_partition
 from ..partition.terapipe import cost_setting, plan_tables, terapipe_items
 from ..prefill.points import MBKRSettings
 from ..schedule.shape import bucket
 from ..serving.arrivals import ARRIVALS, arrival_times
 from ..serving.e2e import ServingShape, e2e_latency_jit
-from ..specs import LIMITS, SpecError, checks, get_hardware, get_model
+from ..specs import LIMITS, checks, get_hardware, get_model
 
 ALL_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
 DEFAULT_LOAD_FRACTION = 0.5
@@ -217,9 +217,9 @@ def _e2e(plan: SchemePlan, result, load: float, st: CompareSettings) -> dict:
         k = bucket(len(part))
         partition = np.concatenate([part, np.zeros(k - len(part), np.int32)])
     shape = cfg.shape(k)._replace(batches=1)
-    # the serving program rebuilds each batch's items from ``partition``; the point only carries the
-    # costs, so it is built from the same chunks (TeraPipe's plan may slice into fewer than cfg's)
-    point = (cfg if gpipe else dataclasses.replace(cfg, partition=part)).point(k)
+    # the serving program rebuilds each batch's items from ``partition``: only the point's numbers are
+    # used, and they do not depend on the slot count (a TeraPipe plan may have fewer slices than cfg)
+    point = cfg.point()
     extra = np.zeros((k, shape.stages), cfg.dtype)
     plain_cap = cfg.batch
     if "mbkr_extra_times" in result.extra and plan.items is None:
