@@ -20,7 +20,6 @@ sequence lengths and batches of a layout, per configuration.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import api
-from .style import plt, save
+from .style import plt
 
 
 def run_occupancy(model="llama3-70b", hardware="mocap-4x4", seq_len=5_600_000, chunks=16, batch=1, num_batches=1,

@@ -10,9 +10,8 @@ result is never worse than either start.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import jax
 import numpy as np
 
 from ..api.config import check_dtype, resolve

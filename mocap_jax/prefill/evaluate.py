@@ -26,7 +26,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import costs
 from ..costs import HardwareParams, ModelParams, StageLayout, pytree
