@@ -18,14 +18,13 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs import LIMITS, ModelSpec, SpecError, get_model
-from ..specs import checks
+from ..specs import LIMITS, ModelSpec, SpecError, checks, get_model
 from . import memory as mem
 from . import partition as part
 from . import placement as plc
-from .goodput import ServingTargets
 from .geometry import (crosses_nodes, hop_matrix, link_capacity, read_resource_table, ring_resource_uses,
                        transfer_resource_counts)
+from .goodput import ServingTargets
 from .hardware import WaferSpec, get_wafer
 from .layout import Instance, Layout, pack_instances
 from .plan import STRATEGIES, InstanceConfig, instance_rings
