@@ -79,6 +79,9 @@ ASSUMPTIONS = (
     ("load", [("25% of saturation", (), (), 0.25), ("90% of saturation", (), (), 0.9)]),
     ("D2D bandwidth", [("1 TB/s", (("link_bandwidth", 1e12), ("cross_wafer_bandwidth", 1e12)), (), 0.5),
                        ("10 TB/s", (("link_bandwidth", 10e12), ("cross_wafer_bandwidth", 10e12)), (), 0.5)]),
+    # the chunk count of every chunked scheme (uniform TeraPipe, MOCAP's LBCP search); TeraPipe's own
+    # planner chooses its slicing freely, so a fixed M can decide claim (e) by itself
+    ("chunk count", [("M = 64", (), (("chunks", 64),), 0.5), ("M = 128", (), (("chunks", 128),), 0.5)]),
 )
 #: hardware fields given as factors of the default (efficiencies), not values
 FACTOR_FIELDS = ("eff_gemm", "eff_attention")
@@ -118,9 +121,10 @@ def _hardware(setting: ClaimSetting, v: Variant):
 def _compare_settings(setting: ClaimSetting, v: Variant, S: int) -> CompareSettings:
     st = dict(v.settings)
     mbkr = MBKRSettings(p2=st.pop("p2", MBKRSettings().p2), spill=st.pop("spill", "overflow"))
+    chunks = st.pop("chunks", setting.chunks)
     g = max(S // setting.granularity_units, 1)
-    plan = PlanSettings(chunks=setting.chunks, granularity=g, chains=setting.chains, steps=setting.steps)
-    return CompareSettings(chunks=setting.chunks, plan=plan, requests=setting.requests, mbkr=mbkr,
+    plan = PlanSettings(chunks=chunks, granularity=g, chains=setting.chains, steps=setting.steps)
+    return CompareSettings(chunks=chunks, plan=plan, requests=setting.requests, mbkr=mbkr,
                            with_max_seq=False, **st)
 
 

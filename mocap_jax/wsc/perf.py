@@ -29,7 +29,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ..costs import ModelParams, pytree, roofline
+from ..costs import ModelParams, pytree, roofline, tensor_parallel
 from .hardware import WaferParams
 from .plan import TPPlan
 
@@ -40,19 +40,17 @@ Array = Any
 
 
 def ring_collective_time(hw: WaferParams, bytes_total, members, hops, load, internode, steps_per_member):
-    """Seconds of a ring collective over ``members`` dies.
+    """Seconds of a ring collective over ``members`` dies
+    (:func:`mocap_jax.costs.tensor_parallel.ring_collective_time`, the rule the pipeline stages use).
 
-    ``steps_per_member x (members - 1)`` steps (2 for all-reduce, 1 for all-gather),
-    each moving ``bytes_total / members`` bytes per die over the slowest ring step:
-    ``max(hops x link latency, internode x node latency) + sync latency +
-    chunk x load / (bandwidth x eff_link)``, bandwidth = node (network) bandwidth when
-    the ring leaves a node, else the D2D / NVLink bandwidth.  Zero for one member.
+    The slowest ring step costs ``max(hops x link latency, internode x node latency) + sync
+    latency`` and moves its chunk at ``bandwidth x eff_link / load``: the node (network) bandwidth
+    when the ring leaves a node, else the D2D / NVLink bandwidth, shared by ``load`` ring steps.
     """
-    n = jnp.maximum(members, 1.0)
     bw = jnp.where(internode > 0, hw.node_bandwidth, hw.link_bandwidth) * hw.eff_link
     lat = jnp.maximum(hops * hw.link_latency_s, internode * hw.node_latency_s) + hw.sync_latency_s
-    steps = steps_per_member * (n - 1.0)
-    return jnp.where(members > 1, steps * (lat + bytes_total / n * load / bw), 0.0)
+    return tensor_parallel.ring_collective_time(bytes_total, members, lat, bw / jnp.maximum(load, 1e-30),
+                                                steps_per_member)
 
 
 def all_reduce_time(hw: WaferParams, plan: TPPlan, bytes_total):

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..costs import ModelParams, pytree
+from ..costs import ModelParams, pytree, tensor_parallel
 from ..specs import HardwareSpec, ModelSpec, SpecError
 from ..specs import mesh as _mesh
 from .hardware import WaferSpec
@@ -164,10 +164,11 @@ def _plan(m: ModelSpec, is_mesh: bool, config: InstanceConfig, dtype: str) -> TP
     kv_heads = 1 if mla else m.kv_heads
     ceil = lambda a, b: -(-a // b)
 
+    share = lambda width: int(tensor_parallel.column_share(width, t, np))
     ffn_dense = m.dense_ffn or m.ffn
-    mlp = 3 * d * ceil(ffn_dense, t)
-    expert = 3 * d * ceil(m.ffn, t) if m.is_moe else 0
-    vocab_rows = ceil(m.vocab, t)
+    mlp = 3 * d * share(ffn_dense)
+    expert = 3 * d * share(m.ffn) if m.is_moe else 0
+    vocab_rows = share(m.vocab)
     vocab = vocab_rows * d * (1 if m.tied_embeddings else 2)
     lm_head = vocab_rows * d
     norms = m.norm_params
@@ -177,12 +178,12 @@ def _plan(m: ModelSpec, is_mesh: bool, config: InstanceConfig, dtype: str) -> TP
 
     order, groups = instance_rings(m, config)
     if config.strategy == "megatron":
-        qh = ceil(m.q_heads, t)
+        qh = int(tensor_parallel.q_heads_share(m.q_heads, t, np))
         if mla:
-            attn = ceil(m.attention_params, t)
+            attn = share(m.attention_params)
             kv = kv_full  # the latent is shared by all heads: every die keeps it whole
         else:
-            kvh = ceil(m.kv_heads, t) if t <= m.kv_heads else ceil(qh, m.q_heads // m.kv_heads)
+            kvh = int(tensor_parallel.kv_heads_share(m.q_heads, m.kv_heads, t, np))
             attn = d * hd * (2 * qh + 2 * kvh)
             kv = 2 * kvh * hd
         pair = pair_full * qh / m.q_heads
@@ -193,7 +194,7 @@ def _plan(m: ModelSpec, is_mesh: bool, config: InstanceConfig, dtype: str) -> TP
         s = t // g
         qg, kvg = m.q_heads // g, kv_heads // g
         if mla:
-            attn = ceil(m.attention_params, t)
+            attn = share(m.attention_params)
             kv = kv_full / s
         else:
             attn = d * (2 * ceil(qg * hd, s) + 2 * ceil(kvg * hd, s))
