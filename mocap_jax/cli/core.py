@@ -79,12 +79,9 @@ def cmd_simulate(args) -> int:
 
         if args.partition is not None:
             raise ValueError(f"--scheme {args.scheme} plans its own chunk sizes; drop --partition or use terapipe/mbkr")
-        if args.tp > 1:
-            raise ValueError(f"--scheme {args.scheme} plans chunk sizes for single-die stages; with --tp > 1 use "
-                             f"terapipe, mbkr or gpipe")
         st = CompareSettings(chunks=args.chunks or 16, max_batch=args.max_batch, release=args.release,
                              admission=args.admission, num_batches=args.num_batches, dtype=args.dtype,
-                             mbkr=MBKRSettings(**mbkr_kwargs(args)),
+                             tp=args.tp, mbkr=MBKRSettings(**mbkr_kwargs(args)),
                              plan=PlanSettings(chunks=args.chunks, granularity=args.granularity, chains=args.chains,
                                                steps=args.steps, max_batch=args.max_batch), with_max_seq=False)
         plan = plan_scheme(args.model, args.hardware, args.seq_len, args.scheme, st)

@@ -30,6 +30,8 @@ def _add_common(p):
     p.add_argument("--admission", default="streaming", choices=api.ADMISSION_MODES)
     p.add_argument("--num-batches", type=positive_int, default=2)
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: dies (GPUs) per pipeline stage group, for every scheme (default 1)")
     add_mbkr_args(p)
     p.add_argument("--json", action="store_true")
 
@@ -41,7 +43,8 @@ def plan_settings(args) -> PlanSettings:
 
 
 def format_compare(res: dict) -> str:
-    lines = [f"{res['model']} on {res['hardware']}, S = {res['seq_len']:,} tokens, load {res['load_rps']:.4g} req/s "
+    groups = f" in stage groups of {res['tp']} dies" if res.get("tp", 1) > 1 else ""
+    lines = [f"{res['model']} on {res['hardware']}{groups}, S = {res['seq_len']:,} tokens, load {res['load_rps']:.4g} req/s "
              f"({res['arrivals']}, {res['requests']} requests, {res['admission']} admission, {res['release']} release)",
              ""]
     rows = [{**r, "choice": ", ".join(f"{k}={v}" for k, v in r["chose"].items()
@@ -65,7 +68,7 @@ def cmd_compare(args) -> int:
     st = CompareSettings(chunks=args.chunks or 16, plan=plan_settings(args), max_batch=args.max_batch,
                          requests=args.requests, arrivals=args.arrivals, seed=args.seed, release=args.release,
                          admission=args.admission, num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)),
-                         dtype=args.dtype, with_max_seq=not args.no_max_seq)
+                         dtype=args.dtype, tp=args.tp, with_max_seq=not args.no_max_seq)
     res = compare(args.model, args.hardware, args.seq_len, load=load, schemes=schemes, settings=st)
     res.pop("plans", None)
     print(dumps(res) if args.json else format_compare(res))
@@ -76,7 +79,8 @@ def cmd_partition(args) -> int:
     load = args.load
     res = plan_partition(args.model, args.hardware, args.seq_len, args.scheme, settings=plan_settings(args),
                          batch=args.batch, load=load, release=args.release, admission=args.admission,
-                         num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)), dtype=args.dtype)
+                         num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)), dtype=args.dtype,
+                         tp=args.tp)
     if args.json:
         print(dumps(res))
         return 0

@@ -14,7 +14,7 @@ from .common import check_output_dir, dumps, progress, positive_int
 def cmd_reproduce(args) -> int:
     check_output_dir(args.results)
     check_output_dir(args.figures)
-    cfg = StudyConfig(quick=args.quick, seed=args.seed)
+    cfg = StudyConfig(quick=args.quick, seed=args.seed, chunks=args.chunks)
     if args.models:
         cfg.models = tuple(m.strip() for m in args.models.split(","))
         for m in cfg.models:
@@ -33,7 +33,8 @@ def cmd_claims(args) -> int:
         ledger = data["ledger"]
         source = f"from {path} (written by mocap-jax reproduce; --run recomputes)"
     else:
-        cfg = StudyConfig(max_lengths=args.lengths, sensitivity=not args.no_sensitivity, seed=args.seed)
+        cfg = StudyConfig(max_lengths=args.lengths, sensitivity=not args.no_sensitivity, seed=args.seed,
+                          chunks=args.chunks, min_seq_len=args.min_seq_len)
         if args.models:
             cfg.models = tuple(m.strip() for m in args.models.split(","))
         from ..study.compare import compare
@@ -67,6 +68,8 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--models", default=None, help="comma-separated subset of the study models")
     p.add_argument("--quick", action="store_true", help="one model, two lengths, short annealing (a smoke run)")
     p.add_argument("--no-sensitivity", action="store_true", help="skip the claims' sensitivity runs")
+    p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
+                   help="chunk count M of the chunked schemes (TeraPipe, MBKR, LBCP, MOCAP)")
     p.add_argument("--seed", type=positive_int, default=1)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_reproduce)
@@ -77,7 +80,11 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--run", action="store_true", help="recompute instead of reading results/claims.json")
     p.add_argument("--models", default=None, help="comma-separated subset of the study models (with --run)")
     p.add_argument("--lengths", type=positive_int, default=2, help="sequence lengths per model (with --run)")
+    p.add_argument("--min-seq-len", type=positive_int, default=StudyConfig.min_seq_len,
+                   help="shortest sequence length; the others are 4x apart (with --run)")
     p.add_argument("--no-sensitivity", action="store_true")
+    p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
+                   help="chunk count M of the chunked schemes (with --run)")
     p.add_argument("--seed", type=positive_int, default=1)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json", action="store_true")

@@ -114,10 +114,11 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
 def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, settings: PlanSettings | None = None,
                    batch: int | str = "auto", load: float | None = None, release: str = "stage",
                    admission: str = "streaming", num_batches: int = 2, requests: int = DEFAULT_REQUESTS,
-                   mbkr: MBKRSettings | None = None, placement=None, dtype="float32") -> dict:
+                   mbkr: MBKRSettings | None = None, placement=None, dtype="float32", tp: int = 1) -> dict:
     """Chunk sizes for ``lbcp`` / ``mocap``: per chunk count the uniform, DP and annealed partitions.
 
-    ``batch="auto"`` scores every candidate at its own B'; an int fixes the batch.  Returns a dict
+    ``batch="auto"`` scores every candidate at its own B'; an int fixes the batch; ``tp`` dies per
+    stage group (as in :func:`mocap_jax.simulate`).  Returns a dict
     with ``per_chunks`` (one entry per chunk count tried), the winner's ``chunks``, ``partition``,
     ``batch``, ``objective_s``, and what the scheme was allowed to choose.
     """
@@ -140,7 +141,7 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
     cfg = resolve(model, hardware, S, "mbkr" if use_mbkr else "terapipe", chunks=counts[0], batch=1,
                   release=release, admission=admission, num_batches=num_batches, placement=placement, dtype=dtype,
                   pairing=checks.choice("pairing", mbkr.pairing, PAIRINGS), p1=mbkr.p1, p2=mbkr.p2,
-                  read_overlap=mbkr.read_overlap, spill=mbkr.spill)
+                  read_overlap=mbkr.read_overlap, spill=mbkr.spill, tp=tp)
     check_dtype(dtype)
     per = [plan_chunk_count(cfg, M, settings, batch, arrivals, use_mbkr) for M in counts]
     win = min(per, key=lambda r: r["objective_s"])

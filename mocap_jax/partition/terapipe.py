@@ -55,7 +55,7 @@ import numpy as np
 from ..api.config import check_dtype, check_stages
 from ..costs import HardwareParams, ModelParams, StageLayout
 from ..prefill.evaluate import evaluate
-from ..prefill.points import build_point
+from ..prefill.points import build_point, stage_layout
 from ..schedule.items import ItemTable, item_table, pad_items
 from ..schedule.shape import SimShape, bucket
 from ..specs import LIMITS, get_hardware, get_model
@@ -234,17 +234,23 @@ class CostSetting(NamedTuple):
     tables: np.ndarray
 
 
-def cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype) -> CostSetting:
+def cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype, placement=None) -> CostSetting:
+    """The planner's cost tables on ``placement`` (``[N]`` dies or ``[N, t]`` stage groups; default the
+    snake layout of single-die stages)."""
     m, hw = get_model(model), get_hardware(hardware)
     S = integer("seq_len", seq_len, 1, LIMITS["seq_len"])
     B = integer("batch", batch, 1, LIMITS["batch"])
     g = integer("granularity", granularity, 1, LIMITS["seq_len"])
     U = check_granularity(S, None, g)
     dt = check_dtype(dtype)
-    n = check_stages(m, hw, stages)
+    if placement is None:
+        n = check_stages(m, hw, stages)
+        layout = StageLayout.snake(hw, n, bucket(n), dt)
+    else:
+        n = len(placement)
+        layout = stage_layout(hw, placement, bucket(n), dt)
     n_pad = bucket(n)
-    tables = cost_tables(ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt),
-                         StageLayout.snake(hw, n, n_pad, dt), U, g, B, n_pad)
+    tables = cost_tables(ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt), layout, U, g, B, n_pad)
     return CostSetting(m, hw, B, g, n, n_pad, dt, tables)
 
 

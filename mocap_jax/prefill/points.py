@@ -68,6 +68,14 @@ def mbkr_params(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings,
                       stage_hops=hops, stage_bandwidth=bw)
 
 
+def stage_layout(hw: HardwareSpec, placement, n_pad: int, dtype) -> StageLayout:
+    """Layout of stages on ``placement``: ``[N]`` one die per stage, or ``[N, t]`` stage groups."""
+    placement = np.asarray(placement)
+    if placement.ndim == 2:
+        return StageLayout.from_groups(hw, placement, n_pad, dtype)
+    return StageLayout.from_placement(hw, placement, n_pad, dtype)
+
+
 def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, dtype,
                 settings: MBKRSettings | None = None) -> Point:
     """One configuration as a pytree of NumPy numbers (``items`` already padded to the bucket).
@@ -77,12 +85,8 @@ def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement,
     """
     settings = settings or MBKRSettings()
     placement = np.asarray(placement)
-    if placement.ndim == 2:
-        layout = StageLayout.from_groups(hw, placement, n_pad, dtype)
-        firsts = placement[:, 0]
-    else:
-        layout = StageLayout.from_placement(hw, placement, n_pad, dtype)
-        firsts = placement
+    layout = stage_layout(hw, placement, n_pad, dtype)
+    firsts = placement[:, 0] if placement.ndim == 2 else placement
     return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
                  layout=layout, mbkr=mbkr_params(hw, firsts, n_pad, settings, dtype))
 

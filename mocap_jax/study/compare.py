@@ -61,6 +61,7 @@ class CompareSettings:
       release, admission, num_batches: policies and batches of the prefill evaluation.
       mbkr: MBKR settings of mbkr and mocap.
       dtype: float32 or float64.
+      tp: dies (GPUs) per pipeline stage group, for every scheme.
       with_max_seq: also find each scheme's longest feasible sequence (one request).
     """
 
@@ -76,12 +77,14 @@ class CompareSettings:
     num_batches: int = 2
     mbkr: MBKRSettings = field(default_factory=MBKRSettings)
     dtype: str = "float32"
+    tp: int = 1
     with_max_seq: bool = True
 
     def __post_init__(self):
         self.chunks = checks.integer("chunks", self.chunks, 1, LIMITS["chunks"])
         self.max_batch = checks.integer("max_batch", self.max_batch, 1, LIMITS["batch"])
         self.requests = checks.integer("requests", self.requests, 1, LIMITS["requests"])
+        self.tp = checks.integer("tp", self.tp, 1, LIMITS["dies"])
         self.microbatches = tuple(checks.integer("microbatch", m, 1, LIMITS["batch"]) for m in self.microbatches)
         checks.choice("arrival process", self.arrivals, ARRIVALS)
 
@@ -125,7 +128,7 @@ class SchemeResult:
 def _base(model, hardware, S, scheme, st: CompareSettings, **changes) -> Config:
     m = st.mbkr
     args = dict(chunks=st.chunks, batch=1, release=st.release, admission=st.admission, num_batches=st.num_batches,
-                dtype=st.dtype, pairing=m.pairing, p1=m.p1, p2=m.p2, read_overlap=m.read_overlap, spill=m.spill)
+                dtype=st.dtype, tp=st.tp, pairing=m.pairing, p1=m.p1, p2=m.p2, read_overlap=m.read_overlap, spill=m.spill)
     args.update(changes)
     return resolve(model, hardware, S, scheme, **args)
 
@@ -160,7 +163,8 @@ def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan:
     if scheme == "terapipe-dp":
         return _plan_terapipe(model, hardware, S, st)
     p = plan or plan_partition(model, hardware, S, scheme, settings=st.plan, release=st.release,
-                               admission=st.admission, num_batches=st.num_batches, mbkr=st.mbkr, dtype=st.dtype)
+                               admission=st.admission, num_batches=st.num_batches, mbkr=st.mbkr, dtype=st.dtype,
+                               tp=st.tp)
     part = np.asarray(p["partition"])
     cfg = _base(model, hardware, S, "mbkr" if scheme == "mocap" else "terapipe", st, chunks=None, partition=part)
     B = int(p["batch"])
@@ -177,7 +181,7 @@ def _plan_terapipe(model, hardware, S: int, st: CompareSettings) -> SchemePlan:
     cfg = _base(model, hardware, S, "terapipe", st)
     cap = max(largest_feasible_batch(cfg, st.max_batch), 1)
     upper = min(st.max_batch, 2 * cap)
-    setting = cost_setting(cfg.model, cfg.hardware, S, upper, g, cfg.stages, cfg.dtype)
+    setting = cost_setting(cfg.model, cfg.hardware, S, upper, g, cfg.stages, cfg.dtype, cfg.placement)
     plans: dict = {}
 
     def plan_at(b):
@@ -243,7 +247,7 @@ def _max_seq(plan: SchemePlan, st: CompareSettings) -> int:
     cfg = plan.config
     g = st.plan.granularity
     m = st.mbkr
-    kw = dict(release=st.release, admission=st.admission, num_batches=1, placement=cfg.placement, dtype=st.dtype,
+    kw = dict(release=st.release, admission=st.admission, num_batches=1, placement=cfg.placement, dtype=st.dtype, tp=st.tp,
               pairing=m.pairing, p1=m.p1, p2=m.p2, read_overlap=m.read_overlap, spill=m.spill, granularity=g)
     if plan.scheme == "gpipe":
         return max_feasible_seq_len(cfg.model, cfg.hardware, "gpipe", batch=1, **kw)
@@ -265,7 +269,7 @@ def evaluate_scheme(plan: SchemePlan, load: float | None, st: CompareSettings) -
                                                        "throughput_rps": 0.0}
     max_seq = _max_seq(plan, st) if st.with_max_seq else 0
     extra = {"load_rps": rate}
-    for key in ("spilled_bytes", "remote_read_s", "blocking_s"):
+    for key in ("spilled_bytes", "remote_read_s", "blocking_s", "tensor_parallel"):
         if key in r.extra:
             extra[key] = r.extra[key]
     return SchemeResult(
@@ -318,6 +322,6 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
         d.update({k: v for k, v in extra.items() if k != "load_rps"})
         rows.append(d)
     return {"model": m.name, "hardware": hw.name, "seq_len": S, "load_rps": load, "requests": st.requests,
-            "arrivals": st.arrivals, "chunks": st.chunks, "granularity": st.plan.granularity,
+            "arrivals": st.arrivals, "chunks": st.chunks, "granularity": st.plan.granularity, "tp": st.tp,
             "admission": st.admission, "release": st.release, "schemes": rows, "wall_s": time.perf_counter() - t0,
             "plans": {s: p.chose.get("plan") for s, p in plans.items() if "plan" in p.chose}}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..api.search import max_feasible_seq_len
 from ..partition.plan import PlanSettings
-from ..specs import STUDY_MODELS
+from ..specs import LIMITS, STUDY_MODELS, SpecError, checks
 from . import claims
 from .compare import CompareSettings, compare
 
@@ -54,6 +54,12 @@ class StudyConfig:
     quick: bool = False
 
     def __post_init__(self):
+        self.chunks = checks.integer("chunks", self.chunks, 1, UNITS_PER_SEQUENCE,
+                                     f" The study cuts every sequence into {UNITS_PER_SEQUENCE} units.")
+        self.min_seq_len = checks.integer("min_seq_len", self.min_seq_len, UNITS_PER_SEQUENCE, LIMITS["seq_len"])
+        if self.min_seq_len % UNITS_PER_SEQUENCE:
+            raise SpecError(f"min_seq_len = {self.min_seq_len} is not a multiple of {UNITS_PER_SEQUENCE}: the study "
+                            f"cuts every sequence into {UNITS_PER_SEQUENCE} units; use e.g. 16384 or 262144")
         if self.quick:
             self.models = self.models[:1]
             self.max_lengths = min(self.max_lengths, 2)

@@ -1,0 +1,44 @@
+"""The scheme comparison: what each scheme chose runs as the plain simulator says, with tensor parallelism too."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import mocap_jax as mj
+from mocap_jax.partition.plan import PlanSettings
+from mocap_jax.study.compare import CompareSettings, compare
+from mocap_jax.study.reproduce import StudyConfig
+
+
+def _settings(tp: int) -> CompareSettings:
+    plan = PlanSettings(chunks=4, granularity=256, chains=2, steps=2, max_batch=8)
+    return CompareSettings(chunks=4, plan=plan, max_batch=8, requests=8, tp=tp, with_max_seq=False)
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_every_scheme_runs_its_choice_with_stage_groups(tp):
+    """PP x TP for every scheme: each reported prefill equals ``simulate`` of the scheme's choice."""
+    model, hw, S = "llama3.1-8b", "h100-x8", 4096
+    out = compare(model, hw, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"), settings=_settings(tp))
+    by = {r["scheme"]: r for r in out["schemes"]}
+    assert out["tp"] == tp and all(r["feasible"] and r["tensor_parallel"] == tp for r in by.values())
+    g = by["gpipe"]
+    ref = mj.simulate(model, hw, S, "gpipe", batch=g["batch"], microbatch=g["chose"]["microbatch"], tp=tp,
+                      timeline=False)
+    assert math.isclose(g["prefill_latency_s"], ref.prefill_latency_s, rel_tol=1e-6)
+    for scheme, sim in (("terapipe", "terapipe"), ("mocap", "mbkr")):
+        r = by[scheme]
+        ref = mj.simulate(model, hw, S, sim, batch=r["batch"], partition=r["partition"], tp=tp, timeline=False)
+        assert math.isclose(r["prefill_latency_s"], ref.prefill_latency_s, rel_tol=1e-6), scheme
+    # a stage of two GPUs runs each item faster than one GPU's share of the layers would on its own
+    single = mj.simulate(model, hw, S, "terapipe", batch=by["terapipe"]["batch"], chunks=4, stages=4, timeline=False)
+    assert by["terapipe"]["prefill_latency_s"] < single.prefill_latency_s
+
+
+@pytest.mark.parametrize("kw, fragment", [({"chunks": 300}, "chunks"), ({"min_seq_len": 1000}, "multiple of 256"),
+                                          ({"min_seq_len": 100}, "min_seq_len")])
+def test_study_settings_bad_input(kw, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        StudyConfig(**kw)
