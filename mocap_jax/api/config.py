@@ -63,12 +63,11 @@ def check_tensor_parallel(model: ModelSpec, hw: HardwareSpec, tp) -> int:
     t = checks.integer("tp", tp, 1, LIMITS["dies"], " Pass the dies (GPUs) per pipeline stage, e.g. tp=4.")
     if t > hw.num_dies:
         raise SpecError(f"tp={t} needs {t} dies per stage but {hw.name} has {hw.num_dies}; use a smaller tp")
-    if model.q_heads % t:
-        raise SpecError(f"tp={t} does not divide the {model.q_heads} attention heads of {model.name}; "
-                        f"choose a tp that divides {model.q_heads}")
-    if model.attention == "gqa" and model.kv_heads % t and t % model.kv_heads:
-        raise SpecError(f"tp={t} neither divides nor is a multiple of the {model.kv_heads} KV heads of {model.name}; "
-                        f"choose a divisor or a multiple of {model.kv_heads}")
+    problem = costs.tensor_parallel.heads_problem(model.q_heads, model.kv_heads, model.attention == "gqa", t)
+    if problem:
+        choose = (f"choose a tp that divides {model.q_heads}" if model.q_heads % t else
+                  f"choose a divisor or a multiple of {model.kv_heads}")
+        raise SpecError(f"tp={t} {problem} of {model.name}; {choose}")
     return t
 
 
