@@ -361,3 +361,14 @@ def test_searched_groups_shorten_the_spill_routes():
     assert snake.extra["spilled_bytes"] > 0
     assert searched.extra["spilled_bytes"] == pytest.approx(snake.extra["spilled_bytes"], rel=1e-6)
     assert searched.extra["spill_write_s"] < 0.6 * snake.extra["spill_write_s"]
+
+
+def test_cli_placement_of_stage_groups(capsys):
+    import json
+
+    assert main(["placement", "-w", "mocap-4x4", "--tp", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 4 and out["searched"]["cost"] <= out["snake"]["cost"] and len(out["placement"]) == 4
+    assert main(["placement", "-w", "mocap-4x4", "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no rectangle of 3 dies tiles" in err and len(err.strip().splitlines()) == 1
