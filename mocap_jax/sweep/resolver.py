@@ -136,11 +136,13 @@ class Resolver:
         any group of devices on a switch)."""
         key = (spec, tp)
         if key not in self._tiles:
-            try:
-                self._tiles[key] = tp <= spec.num_dies and (spec.topology == "switch" or
-                                                             len(mesh.group_tiles(spec, tp)[0]) > 0)
-            except ValueError:
-                self._tiles[key] = False
+            fits = tp <= spec.num_dies
+            if fits and spec.topology == "mesh":
+                try:
+                    mesh.group_tiles(spec, tp)
+                except ValueError:
+                    fits = False
+            self._tiles[key] = fits
         return self._tiles[key]
 
     def _heads_problem(self, model_code: int, tp: int) -> str:
@@ -189,7 +191,7 @@ class Resolver:
         mark((scheme == "gpipe") & ~auto & (-(-batch // micro) > LIMITS["chunks"]), "microbatches")
         mark(val("p1") > val("p2"), "p1>p2")
         ok = reason == 0
-        if ok.any():   # weights: per unique (model, hardware combination, stages)
+        if ok.any():   # weights per die: per unique (model, hardware combination, stages, tp)
             u, inv = unique_rows([c["model"][ok], hw_inv[ok], stages[ok], tp[ok]])
             over = np.array([self._weight_excess(int(m), specs[h], int(n), int(t)) > 0 for m, h, n, t in u], bool)
             full = np.zeros(len(ids), bool)
