@@ -107,6 +107,12 @@ def test_embedded_million_matches_file():
     ("[fixed]\nmodel = \"llama3.1-8b\"\n[grid]\nrows = [8]\ncols = [8]\n", ["32 layers", "stages", "rows"]),
     ("[grid]\nscheme = [\"lbcp\"]\nbatch = [2]\n", ["lbcp", "batch", "auto"]),
     ("[grid]\np1 = [0.9]\np2 = [0.5]\n", ["p1", "p2"]),
+    ("[fixed]\nmodel = \"llama3-70b\"\ntp = 3\n[grid]\nseq_len = [4096]\n",
+     ["tp = 3 does not divide the 64 attention heads", "llama3-70b"]),
+    ("[fixed]\nmodel = \"llama3-70b\"\nhardware = \"mocap-2x3\"\ntp = 4\n[grid]\nseq_len = [4096]\n",
+     ["no rectangle of tp = 4 dies tiles the 2x3 grid", "mocap-2x3"]),
+    ("[grid]\ntp = [0]\n", ["tp", "positive"]),
+    ("[grid]\nscheme = [\"lbcp\"]\nbatch = [\"auto\"]\ntp = [2]\n", ["lbcp", "tp must be 1"]),
 ])
 def test_validation_errors_name_key_and_file(tmp_path, text, fragments, limit_traces):
     p = _write(tmp_path, text)
@@ -242,6 +248,53 @@ batch = [1]
     assert all(r["feasible"] == "true" for r in rows)
     lat = {r["hardware"]: float(r["prefill_latency_s"]) for r in rows if r["batch"] == "1"}
     assert lat["mocap-4x8"] < lat["mocap-2x2"]
+
+
+TP_SWEEP = """
+[sweep]
+impossible = "infeasible"
+block_size = 8
+[fixed]
+model = "llama3-70b"
+scheme = "mbkr"
+seq_len = 32768
+chunks = 8
+stages = 4
+num_batches = 1
+[[grid]]
+hardware = ["mocap-4x4"]
+tp = [1, 2, 4]
+batch = [98, 199]
+[[grid]]
+hardware = ["mocap-4x4", "mocap-2x3"]
+tp = [3, 4, 8]
+batch = [1]
+"""
+
+
+def test_tp_grid_matches_simulate_and_compiles_once(tmp_path, limit_traces):
+    # tp = 1, 2, 4 at four stages share one bucket (K8 N4, static MBKR): the degree and the group
+    # routes are traced numbers, so the bucket's program is traced once
+    limit_traces(1)
+    s = sweep.run_sweep(_write(tmp_path, TP_SWEEP), tmp_path / "o", quiet=True, devices=2)
+    rows = _rows(s.results)
+    assert s.complete and s.points == 12 and s.compiles <= 1
+    fast, bad = rows[:6], rows[6:]
+    assert {r["tp"] for r in fast} == {"1", "2", "4"} and all(r["stages"] == "4" for r in fast)
+    assert any(r["feasible"] == "true" and float(r["spilled_bytes"]) > 0 for r in fast)
+    assert any(r["feasible"] == "false" for r in fast)
+    for r in fast:
+        ref = api.simulate("llama3-70b", "mocap-4x4", 32768, "mbkr", chunks=8, stages=4, num_batches=1,
+                           batch=int(r["batch"]), tp=int(r["tp"]), timeline=False)
+        assert (r["feasible"] == "true") == ref.feasible, r
+        assert math.isclose(float(r["raw_latency_s"]), ref.raw_latency_s, rel_tol=1e-5)
+        assert math.isclose(float(r["max_peak_mem_bytes"]), ref.peak_mem_bytes_per_stage.max(), rel_tol=1e-5)
+        assert math.isclose(float(r["spilled_bytes"]), ref.extra["spilled_bytes"], rel_tol=1e-5, abs_tol=1.0)
+        assert math.isclose(float(r["max_stage_weight_bytes"]), ref.weight_bytes_per_stage.max(), rel_tol=1e-6)
+    assert [(r["hardware"], r["tp"], r["reason"]) for r in bad] == [
+        ("mocap-4x4", "3", "tp-heads"), ("mocap-4x4", "4", ""), ("mocap-4x4", "8", "stages>dies"),
+        ("mocap-2x3", "3", "tp-heads"), ("mocap-2x3", "4", "tp-tiling"), ("mocap-2x3", "8", "tp-tiling")]
+    assert all(r["feasible"] == "false" and r["prefill_latency_s"] == "inf" for r in bad if r["reason"])
 
 
 def test_serving_load_gives_e2e_columns(tmp_path):

@@ -218,7 +218,7 @@ def test_simulate_with_tp_holds_per_die_weights():
     (dict(tp=3), "does not divide the 64 attention heads"),
     (dict(tp=16), "has 8"),
     (dict(tp=4, stages=4), "16 dies"),
-    (dict(tp=2, placement="searched"), "searched placement of stage groups is not available"),
+    (dict(tp=2, placement="serched"), "placement must be 'snake', 'searched' or a list.*Did you mean 'searched'"),
     (dict(tp=2, placement=[[0, 1], [1, 2], [4, 5], [6, 7]]), "distinct die indices"),
 ])
 def test_tp_bad_input_is_one_clear_error(kw, match):
@@ -242,3 +242,133 @@ def test_cli_tp_bad_input(capsys):
     assert e.value.code == 2
     assert main(["max-batch", "-w", "h100-x8", "--tp", "4", "--scheme", "terapipe", "--stages", "4"]) == 2
     assert main(["simulate", "-w", "h100-x8", "--tp", "2", "--scheme", "lbcp"]) == 2
+
+
+# --------------------------------------------------------------------------- searched placement of stage groups
+
+
+def _oracle_route_cost(hw, a: int, b: int) -> float:
+    """Standard-link units of the XY route a -> b, walked link by link (cross-wafer links weighted)."""
+    ratio = hw.link_bandwidth / hw.cross_wafer_bandwidth
+    return sum(ratio if mesh.link_bandwidth(hw, link) == hw.cross_wafer_bandwidth and hw.wafers > 1 else 1.0
+               for link in mesh.xy_route(hw, a, b))
+
+
+def _oracle_group_cost(hw, groups, pairs) -> float:
+    """Hand-off plus pair route length of stage groups, rank k to rank k, averaged over the ranks."""
+    transfers = [(s, s + 1) for s in range(len(groups) - 1)] + [tuple(p) for p in pairs]
+    return sum(np.mean([_oracle_route_cost(hw, int(groups[a][k]), int(groups[b][k])) for k in range(len(groups[0]))])
+               for a, b in transfers)
+
+
+@pytest.mark.parametrize("hardware, tp", [("mocap-4x4", 4), ("mocap-2x4", 2), ("mocap-2x3x2w", 2)])
+def test_tile_search_finds_the_brute_force_optimum(hardware, tp):
+    import itertools
+
+    from mocap_jax.mbkr.placement import _pairs, exhaustive_placement, search_placement
+
+    hw = get_hardware(hardware)
+    if hw.wafers > 1:
+        hw = hw.replace(cross_wafer_bandwidth=hw.link_bandwidth / 3)        # a cross-wafer link counts 3 hops
+    tiles, _ = mesh.group_tiles(hw, tp)
+    n = len(tiles)
+    pairs = _pairs("cross-half", n)
+    brute = min(_oracle_group_cost(hw, tiles[list(p)], pairs) for p in itertools.permutations(range(n)))
+    best = exhaustive_placement(hw, n, tp=tp)
+    assert best.cost == pytest.approx(brute, rel=1e-9)
+    assert _oracle_group_cost(hw, best.placement, pairs) == pytest.approx(brute, rel=1e-9)
+    assert search_placement(hw, n, tp=tp).cost == pytest.approx(brute, rel=1e-9)
+    # every group is one whole tile, each in ring order
+    assert sorted(map(tuple, best.placement.tolist())) == sorted(map(tuple, tiles.tolist()))
+
+
+def test_tile_cost_is_the_rank_shift_and_annealing_reaches_the_optimum():
+    from mocap_jax.mbkr.placement import anneal_placement, exhaustive_placement, group_cost_matrix
+
+    hw = get_hardware("mocap-4x4")
+    tiles, _ = mesh.group_tiles(hw, 2)                                     # 1 x 2 tiles on a 4 x 2 grid of tiles
+    tr, tc = np.divmod(np.arange(len(tiles)), 2)
+    shift = np.abs(tr[:, None] - tr[None, :]) * 1 + np.abs(tc[:, None] - tc[None, :]) * 2
+    np.testing.assert_array_equal(group_cost_matrix(hw, tiles), shift)
+    best = exhaustive_placement(hw, 8, tp=2)
+    assert anneal_placement(hw, 8, tp=2, chains=64, steps=400).cost == pytest.approx(best.cost)
+
+
+@pytest.mark.parametrize("hardware, tp", [("mocap-4x4", 2), ("mocap-4x4", 4), ("mocap-8x8", 2), ("mocap-8x8", 4)])
+def test_searched_groups_never_cost_more_than_the_default_groups(hardware, tp):
+    from mocap_jax.mbkr.placement import search_placement, snake_report
+
+    hw = get_hardware(hardware)
+    got = search_placement(hw, hw.num_dies // tp, tp=tp, steps=400)
+    snake = snake_report(hw, hw.num_dies // tp, tp=tp)
+    assert got.cost <= snake.cost + 1e-9
+    assert got.placement.shape == (hw.num_dies // tp, tp) and len(np.unique(got.placement)) == hw.num_dies
+    tiles = {tuple(t) for t in mesh.group_tiles(hw, tp)[0].tolist()}
+    assert all(tuple(g) in tiles for g in got.placement.tolist())
+
+
+def test_groups_on_a_switch_are_consecutive_devices():
+    from mocap_jax.mbkr.placement import search_placement
+
+    gpu = gpu_node("h20", 8, nodes=2)
+    np.testing.assert_array_equal(search_placement(gpu, 4, tp=4).placement, mesh.stage_groups(gpu, 4, 4))
+
+
+def test_api_searches_groups_for_mbkr_and_keeps_default_groups_otherwise():
+    from mocap_jax.api.config import resolve, searched_placement
+
+    hw = get_hardware("mocap-4x4")
+    mbkr = resolve("llama3-70b", "mocap-4x4", 4096, "mbkr", chunks=4, tp=2)
+    np.testing.assert_array_equal(mbkr.placement, searched_placement(hw, 8, "cross-half", 2))
+    assert not np.array_equal(mbkr.placement, mesh.stage_groups(hw, 8, 2))
+    for kw in (dict(scheme="terapipe"), dict(scheme="mbkr", placement="snake"), dict(scheme="mbkr", pairing="none")):
+        cfg = resolve("llama3-70b", "mocap-4x4", 4096, chunks=4, tp=2, **kw)
+        np.testing.assert_array_equal(cfg.placement, mesh.stage_groups(hw, 8, 2))
+    assert resolve("llama3-70b", "mocap-4x4", 4096, "terapipe", chunks=4, tp=2,
+                   placement="searched").placement.shape == (8, 2)
+
+
+def test_mbkr_partners_are_groups_and_spills_run_rank_to_rank():
+    """The MBKR routes of a grouped configuration against link shares counted here rank by rank."""
+    from mocap_jax.api.config import resolve
+
+    cfg = resolve("llama3-70b", "mocap-4x4", 4096, "mbkr", chunks=4, tp=2, placement="snake")
+    groups, n = cfg.placement, 8
+    partner = [s + 4 if s < 4 else s - 4 for s in range(n)]
+    transfers = [(s, s + 1) for s in range(n - 1)] + [(s, partner[s]) for s in range(n)]
+    share = {}
+    for a, b in transfers:
+        for k in range(2):
+            for link in mesh.xy_route(cfg.hardware, int(groups[a, k]), int(groups[b, k])):
+                share[link] = share.get(link, 0) + 1
+    point = cfg.point()
+    for s in range(n):
+        q = partner[s]
+        routes = [mesh.xy_route(cfg.hardware, int(groups[s, k]), int(groups[q, k])) for k in range(2)]
+        assert point.mbkr.stage_hops[s, q] == max(len(r) for r in routes)
+        rank_bw = min(5e12 / share[link] for r in routes for link in r)
+        assert point.mbkr.stage_bandwidth[s, q] == pytest.approx(rank_bw, rel=1e-6)
+
+
+def test_searched_groups_shorten_the_spill_routes():
+    # past TeraPipe's largest batch (51) MBKR spills; the same bytes cross shorter pair routes.  The
+    # latency itself is not monotone in the hop cost: hand-offs carry every item's activations and
+    # lie on the critical path, pair routes only the spilled KV, and the cost weighs both alike.
+    kw = dict(chunks=16, batch=52, tp=2, num_batches=1, timeline=False)
+    searched = api.simulate("llama3-70b", "mocap-4x4", 131072, "mbkr", **kw)
+    snake = api.simulate("llama3-70b", "mocap-4x4", 131072, "mbkr", placement="snake", **kw)
+    assert searched.feasible and snake.feasible
+    assert snake.extra["spilled_bytes"] > 0
+    assert searched.extra["spilled_bytes"] == pytest.approx(snake.extra["spilled_bytes"], rel=1e-6)
+    assert searched.extra["spill_write_s"] < 0.6 * snake.extra["spill_write_s"]
+
+
+def test_cli_placement_of_stage_groups(capsys):
+    import json
+
+    assert main(["placement", "-w", "mocap-4x4", "--tp", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 4 and out["searched"]["cost"] <= out["snake"]["cost"] and len(out["placement"]) == 4
+    assert main(["placement", "-w", "mocap-4x4", "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no rectangle of 3 dies tiles" in err and len(err.strip().splitlines()) == 1

@@ -63,12 +63,11 @@ def check_tensor_parallel(model: ModelSpec, hw: HardwareSpec, tp) -> int:
     t = checks.integer("tp", tp, 1, LIMITS["dies"], " Pass the dies (GPUs) per pipeline stage, e.g. tp=4.")
     if t > hw.num_dies:
         raise SpecError(f"tp={t} needs {t} dies per stage but {hw.name} has {hw.num_dies}; use a smaller tp")
-    if model.q_heads % t:
-        raise SpecError(f"tp={t} does not divide the {model.q_heads} attention heads of {model.name}; "
-                        f"choose a tp that divides {model.q_heads}")
-    if model.attention == "gqa" and model.kv_heads % t and t % model.kv_heads:
-        raise SpecError(f"tp={t} neither divides nor is a multiple of the {model.kv_heads} KV heads of {model.name}; "
-                        f"choose a divisor or a multiple of {model.kv_heads}")
+    problem = costs.tensor_parallel.heads_problem(model.q_heads, model.kv_heads, model.attention == "gqa", t)
+    if problem:
+        choose = (f"choose a tp that divides {model.q_heads}" if model.q_heads % t else
+                  f"choose a divisor or a multiple of {model.kv_heads}")
+        raise SpecError(f"tp={t} {problem} of {model.name}; {choose}")
     return t
 
 
@@ -98,24 +97,37 @@ def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int, tp: int = 1) -
 
 
 @functools.lru_cache(maxsize=64)
-def searched_placement(hw: HardwareSpec, n: int, pairing: str) -> np.ndarray:
-    """The stage-to-die map minimising traffic-weighted hops for a pairing (cached)."""
+def searched_placement(hw: HardwareSpec, n: int, pairing: str, tp: int = 1) -> np.ndarray:
+    """The placement minimising traffic-weighted hops for a pairing (cached): ``[N]`` dies, or with
+    ``tp > 1`` the ``[N, tp]`` dies of each stage group (the group tile each stage occupies)."""
     from ..mbkr.placement import search_placement
 
     static = pairing if pairing in ("cross-half", "head-to-tail") else "cross-half"
-    return search_placement(hw, n, static).placement
+    return search_placement(hw, n, static, tp=tp).placement
 
 
-def check_group_placement(hw: HardwareSpec, placement, n: int, tp: int) -> np.ndarray:
-    """Dies of each stage group, ``[N, tp]``: the default groups (None or "snake") or a nested list."""
-    if placement is None or (isinstance(placement, str) and placement == "snake"):
+def _named_placement(placement, scheme: str, pairing: str) -> str | None:
+    """The placement rule a name (or ``None``) stands for: searched for MBKR with partners, else snake."""
+    if placement is None:
+        return "searched" if scheme == "mbkr" and pairing != "none" else "snake"
+    if isinstance(placement, str):
+        if placement not in ("snake", "searched"):
+            raise SpecError(f"placement must be 'snake', 'searched' or a list of die indices (with tp > 1: a list "
+                            f"of groups of die indices), got {placement!r}.{checks.suggest(placement, ('snake', 'searched'))}")
+        return placement
+    return None
+
+
+def check_group_placement(hw: HardwareSpec, placement, n: int, tp: int, scheme: str = "terapipe",
+                          pairing: str = "cross-half") -> np.ndarray:
+    """Dies of each stage group, ``[N, tp]``: the default groups ("snake"), the searched groups
+    ("searched"; ``None`` means searched for MBKR with partners) or a nested list."""
+    rule = _named_placement(placement, scheme, pairing)
+    if rule is not None:
         try:
-            return stage_groups(hw, n, tp)
+            return stage_groups(hw, n, tp) if rule == "snake" else searched_placement(hw, n, pairing, tp)
         except ValueError as e:
             raise SpecError(f"{e}, or list the dies of each group as placement") from None
-    if isinstance(placement, str):
-        raise SpecError(f"with tp={tp} placement must be 'snake' or a list of {n} groups of {tp} die indices; "
-                        f"a searched placement of stage groups is not available, got {placement!r}")
     groups = checks.integers("placement", placement, 0, hw.num_dies - 1)
     if groups.shape != (n, tp) or len(np.unique(groups)) != n * tp:
         raise SpecError(f"placement must list {n} groups of {tp} distinct die indices in [0, {hw.num_dies}) "
@@ -127,15 +139,10 @@ def check_placement(hw: HardwareSpec, placement, n: int, scheme: str, pairing: s
     """``None`` (searched for MBKR, snake otherwise), ``"snake"``, ``"searched"`` or N distinct die indices;
     with ``tp > 1`` the dies of each stage group (:func:`check_group_placement`)."""
     if tp > 1:
-        return check_group_placement(hw, placement, n, tp)
-    if placement is None:
-        placement = "searched" if scheme == "mbkr" and pairing != "none" else "snake"
-    if isinstance(placement, str):
-        if placement == "snake":
-            return snake_placement(hw, n)
-        if placement == "searched":
-            return searched_placement(hw, n, pairing)
-        raise SpecError(f"placement must be 'snake', 'searched' or a list of die indices, got {placement!r}")
+        return check_group_placement(hw, placement, n, tp, scheme, pairing)
+    rule = _named_placement(placement, scheme, pairing)
+    if rule is not None:
+        return snake_placement(hw, n) if rule == "snake" else searched_placement(hw, n, pairing)
     pl = checks.integers("placement", placement, 0, hw.num_dies - 1)
     if pl.shape != (n,) or len(set(pl.tolist())) != n:
         raise SpecError(f"placement must list {n} distinct die indices in [0, {hw.num_dies}), got {np.asarray(placement).tolist()}")

@@ -157,7 +157,8 @@ def simulate(model, hardware, seq_len: int, scheme: str = "terapipe", *, chunks:
       timeline: also compute per-stage KV and memory over time.
       pairing, p1, p2, read_overlap, spill: MBKR settings (:mod:`mocap_jax.mbkr.pairing`).
       tp: tensor-parallel degree, dies (GPUs) per pipeline stage (Megatron sharding, two all-reduces per
-        block over the group's ring; docs/cost_model.md); with ``tp > 1`` ``placement`` lists each group's dies.
+        block over the group's ring; docs/cost_model.md); with ``tp > 1`` a listed ``placement`` gives each
+        group's dies ``[N, tp]``, and ``"searched"`` (the MBKR default) the group tile each stage occupies.
 
     Returns:
       :class:`SimResult`; for MBKR, ``extra`` holds spilled bytes and remote-read, spill-write,

@@ -25,6 +25,20 @@ import jax.numpy as jnp
 from .params import ModelParams
 
 
+# --------------------------------------------------------------------------- which degrees a model allows
+
+
+def heads_problem(q_heads: int, kv_heads: int, grouped: bool, t: int) -> str:
+    """Why ``t`` dies cannot split a model's heads (empty if they can): ``t`` must divide the query
+    heads and, for grouped-query attention, divide the KV heads or be a multiple of them (engines
+    split KV heads, or replicate them beyond ``kv_heads`` dies)."""
+    if q_heads % t:
+        return f"does not divide the {q_heads} attention heads"
+    if grouped and kv_heads % t and t % kv_heads:
+        return f"neither divides nor is a multiple of the {kv_heads} KV heads"
+    return ""
+
+
 # --------------------------------------------------------------------------- head and column shares
 
 

@@ -1,18 +1,27 @@
 """Stage-to-die placement for MBKR: keep pipeline neighbours and MBKR pairs close on the mesh.
 
-A placement maps pipeline stage s to die ``placement[s]``.  Its cost is the traffic-weighted
-route length of the transfers it creates under XY routing:
+A placement maps pipeline stage s to die ``placement[s]`` (or, with tensor parallelism, to the
+``t`` dies of its stage group, ``placement[s, k]`` the die of rank k).  Its cost is the
+traffic-weighted route length of the transfers it creates under XY routing:
 
     cost = handoff_weight * sum_s hop_cost(s, s+1) + pair_weight * sum_pairs hop_cost(s, partner[s])
 
 where ``hop_cost`` counts hops in units of a standard D2D link (a cross-wafer link slower than
-the D2D links counts ``link_bandwidth / cross_wafer_bandwidth`` hops).  No stage order puts every
-consecutive pair and every cross-half pair on neighbouring dies when N/2 is even (colour the mesh
-as a checkerboard: along a path of neighbours stages s and s + N/2 get the same colour, and
-same-coloured dies are never neighbours), so the map is searched: exhaustively on meshes of up to
-8 dies, otherwise by the package's annealer (:mod:`mocap_jax.search.anneal`) over permutations of
-a region of the mesh (the whole mesh, or on meshes much larger than the pipeline the smallest
-corner rectangle with room for twice the stages).
+the D2D links counts ``link_bandwidth / cross_wafer_bandwidth`` hops); between two stage groups a
+transfer runs rank to rank (die k to die k), and ``hop_cost`` is the mean over the ranks.  No stage
+order puts every consecutive pair and every cross-half pair on neighbouring dies when N/2 is even
+(colour the mesh as a checkerboard: along a path of neighbours stages s and s + N/2 get the same
+colour, and same-coloured dies are never neighbours), so the map is searched.
+
+The search (:func:`search_slots`) maps stages onto *slots* given a ``[S, S]`` slot-to-slot cost
+matrix: exhaustively over at most 8 slots, otherwise by the package's annealer
+(:mod:`mocap_jax.search.anneal`), and never worse than the default order.  A slot is a die
+(``t = 1``: every die, or on meshes much larger than the pipeline the smallest corner rectangle
+with room for twice the stages) or, for stage groups on a mesh, one ``r x c`` tile of the grid
+of group rectangles (:func:`mocap_jax.specs.mesh.group_tiles`).  Every tile lists its dies in the
+same ring order, so a rank-to-rank transfer between two tiles moves every rank by the same
+vector, ``|d tile-row| r + |d tile-col| c`` hops on one wafer, and the tile-to-tile matrix is the
+cost rule itself, not an estimate.
 """
 
 from __future__ import annotations
@@ -51,6 +60,14 @@ def hop_cost_matrix(hw: HardwareSpec, dies=None) -> np.ndarray:
     return (dc - crossings) + crossings * (hw.link_bandwidth / hw.cross_wafer_bandwidth) + dr
 
 
+def group_cost_matrix(hw: HardwareSpec, groups) -> np.ndarray:
+    """``[N, N]`` route length between stage groups ``[N, t]`` (or dies ``[N]``) in standard-link units:
+    the mean over ranks k of the route from die k of one group to die k of the other."""
+    groups = np.asarray(groups)
+    groups = groups[:, None] if groups.ndim == 1 else groups
+    return np.mean([hop_cost_matrix(hw, groups[:, k]) for k in range(groups.shape[1])], axis=0)
+
+
 def search_region(hw: HardwareSpec, n: int) -> np.ndarray:
     """Dies a placement of ``n`` stages is searched over: every die, or on a mesh with more than
     ``REGION_MAX_DIES`` dies and four per stage, the smallest top-left rectangle of at least ``2 n`` dies."""
@@ -68,7 +85,8 @@ def _pairs(pairing: str, n: int) -> np.ndarray:
 
 @dataclass
 class PlacementReport:
-    """A placement and what it costs.  Hops are plain hop counts; ``cost`` is weighted."""
+    """A placement (``[N]`` dies, or ``[N, t]`` dies of stage groups) and what it costs.  Hops are
+    plain hop counts (between groups, the longest rank route); ``cost`` is weighted."""
 
     placement: np.ndarray
     cost: float
@@ -87,25 +105,29 @@ class PlacementReport:
 
 def evaluate_placement(hw: HardwareSpec, placement, pairing: str = "cross-half", handoff_weight: float = 1.0,
                        pair_weight: float = 1.0, method: str = "given") -> PlacementReport:
-    """Hop counts, weighted cost and the worst link sharing of one placement."""
+    """Hop counts, weighted cost and the worst link sharing of one placement (dies ``[N]`` or groups ``[N, t]``)."""
     pl = np.asarray(placement, dtype=np.int64)
-    n = len(pl)
-    xy = np.stack(np.divmod(pl, hw.grid_cols), axis=1)
-    H = np.abs(xy[:, None] - xy[None, :]).sum(-1) if hw.topology == "mesh" else 1 - np.eye(n, dtype=np.int64)
-    C = hop_cost_matrix(hw, pl)                                                  # between the stages' dies
+    groups = pl[:, None] if pl.ndim == 1 else pl
+    n, t = groups.shape
+    if hw.topology == "mesh":
+        xy = np.stack(np.divmod(groups, hw.grid_cols), axis=-1)                  # [N, t, 2]
+        H = np.abs(xy[:, None] - xy[None, :]).sum(-1).max(-1)
+    else:
+        H = 1 - np.eye(n, dtype=np.int64)
+    C = group_cost_matrix(hw, groups)                                            # between the stages' groups
     pairs = _pairs(pairing, n)
     pipe = [int(H[s, s + 1]) for s in range(n - 1)]
     pair = [int(H[a, b]) for a, b in pairs]
     cost = handoff_weight * sum(C[s, s + 1] for s in range(n - 1)) + pair_weight * sum(C[a, b] for a, b in pairs)
-    routes = [(pl[s], pl[s + 1]) for s in range(n - 1)] + [(pl[a], pl[b]) for a, b in pairs] + \
-        [(pl[b], pl[a]) for a, b in pairs]
+    routes = [(groups[a, k], groups[b, k]) for k in range(t) for a, b in
+              [(s, s + 1) for s in range(n - 1)] + [(a, b) for a, b in pairs] + [(b, a) for a, b in pairs]]
     loads = mesh.link_loads(hw, routes)
     return PlacementReport(pl, float(cost), sum(pipe), sum(pair), max(pipe, default=0), max(pair, default=0),
                            int(max(loads.values(), default=0)), method)
 
 
 def _cost(C, pairs, n: int, handoff_weight, pair_weight, perm):
-    """Cost of a permutation ``perm [D]`` of region slots (stage s on slot ``perm[s]``)."""
+    """Cost of a permutation ``perm [S]`` of slots (stage s on slot ``perm[s]``)."""
     pl = perm[:n]
     pipe = jnp.sum(C[pl[:-1], pl[1:]])
     pair = jnp.sum(C[pl[pairs[:, 0]], pl[pairs[:, 1]]]) if pairs.shape[0] else 0.0
@@ -114,7 +136,7 @@ def _cost(C, pairs, n: int, handoff_weight, pair_weight, perm):
 
 @pytree
 class PlacementContext:
-    """Numbers of a placement search: ``cost [D, D]`` route lengths between region slots, ``pairs
+    """Numbers of a placement search: ``cost [S, S]`` route lengths between slots, ``pairs
     [P, 2]`` paired stages, and the two weights (scalars)."""
 
     cost: jax.Array
@@ -125,9 +147,9 @@ class PlacementContext:
 
 @dataclass(frozen=True)
 class PlacementProblem:
-    """Annealing over permutations of ``slots`` region slots for ``stages`` stages (hashable).
+    """Annealing over permutations of ``slots`` slots for ``stages`` stages (hashable).
 
-    A move swaps a stage's slot with any slot (so unused dies come into play)."""
+    A move swaps a stage's slot with any slot (so unused slots come into play)."""
 
     stages: int
     slots: int
@@ -145,68 +167,114 @@ class PlacementProblem:
         return cost, aux
 
 
+def search_slots(cost, num_stages: int, pairs, default, handoff_weight: float = 1.0, pair_weight: float = 1.0,
+                 exhaustive: bool | None = None, chains: int = 256, steps: int = 4000, t_start: float = 0.1,
+                 t_end: float = 0.001, seed: int = 0) -> tuple[np.ndarray, str]:
+    """Slots ``[N]`` of ``num_stages`` stages minimising the weighted cost, and the method that found them.
+
+    Args:
+      cost: ``[S, S]`` route length between slots, standard-link units.
+      pairs: ``[P, 2]`` paired stages.
+      default: ``[N]`` distinct slots of the default order (the annealer's first chain starts there).
+      exhaustive: every ordered choice of slots (default: when ``S <= 8``), else simulated
+        annealing; chains start from the default order and from random permutations, with
+        temperatures relative to the default order's cost.
+    """
+    S, n = len(cost), int(num_stages)
+    if exhaustive is None:
+        exhaustive = S <= EXHAUSTIVE_MAX_DIES
+    if exhaustive:
+        if S > EXHAUSTIVE_MAX_DIES:
+            raise ValueError(f"exhaustive placement enumerates {S}! maps; use it on at most {EXHAUSTIVE_MAX_DIES} "
+                             f"dies or tiles")
+        perms = np.array(list(itertools.permutations(range(S), n)), dtype=np.int64)
+        C, pj = jnp.asarray(cost), jnp.asarray(pairs)
+        costs = np.asarray(jax.jit(jax.vmap(lambda p: _cost(C, pj, n, handoff_weight, pair_weight, p)))(perms))
+        return perms[int(np.argmin(costs))], "exhaustive"
+    default = np.asarray(default, np.int64)
+    start = np.concatenate([default, np.setdiff1d(np.arange(S), default)])
+    rng = np.random.default_rng(seed)
+    starts = np.stack([start] + [rng.permutation(S) for _ in range(chains - 1)])
+    ctx = PlacementContext(cost=np.asarray(cost, np.float32), pairs=np.asarray(pairs, np.int32),
+                           handoff_weight=np.float32(handoff_weight), pair_weight=np.float32(pair_weight))
+    reference = float(_cost(ctx.cost, ctx.pairs, n, handoff_weight, pair_weight, start)) or 1.0
+    res = anneal(PlacementProblem(n, S), ctx, starts, seed, steps=steps, t_start=t_start,
+                 t_end=t_end, reference=reference, steps_per_call=math.gcd(steps, 200))
+    return np.asarray(res.x)[:n], "annealing"
+
+
+def placement_slots(hw: HardwareSpec, num_stages: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """What a placement of ``num_stages`` stages of ``tp`` dies is searched over: ``dies [S, tp]`` of
+    each slot and the default order ``default [N]`` of slots (the snake order of dies, or of tiles).
+
+    ``tp = 1``: the dies of :func:`search_region`; on a mesh with ``tp > 1``: the group tiles."""
+    n = int(num_stages)
+    if tp == 1:
+        region = search_region(hw, n)
+        slot_of = {int(d): i for i, d in enumerate(region)}
+        snake = mesh.snake_placement(hw, n)
+        default = [slot_of[int(d)] for d in snake] if all(int(d) in slot_of for d in snake) else np.arange(n)
+        return region[:, None], np.asarray(default, np.int64)
+    dies, snake = mesh.group_tiles(hw, tp)
+    return dies, snake[:n]
+
+
+def _placement(dies, slots, tp: int) -> np.ndarray:
+    return dies[np.asarray(slots), 0] if tp == 1 else dies[np.asarray(slots)]
+
+
 def exhaustive_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: str = "cross-half",
-                         handoff_weight: float = 1.0, pair_weight: float = 1.0) -> PlacementReport:
-    """Best placement over every ordered choice of dies (meshes of at most 8 dies)."""
-    D = hw.num_dies
-    n = D if num_stages is None else num_stages
-    if D > EXHAUSTIVE_MAX_DIES:
-        raise ValueError(f"exhaustive placement enumerates {D}! maps; use it on meshes of <= {EXHAUSTIVE_MAX_DIES} dies")
-    perms = np.array(list(itertools.permutations(range(D), n)), dtype=np.int64)
-    C = jnp.asarray(hop_cost_matrix(hw))
-    pairs = jnp.asarray(_pairs(pairing, n))
-    costs = np.asarray(jax.jit(jax.vmap(lambda p: _cost(C, pairs, n, handoff_weight, pair_weight, p)))(perms))
-    return evaluate_placement(hw, perms[int(np.argmin(costs))], pairing, handoff_weight, pair_weight, "exhaustive")
+                         handoff_weight: float = 1.0, pair_weight: float = 1.0, tp: int = 1) -> PlacementReport:
+    """Best placement over every ordered choice of slots (at most 8 dies, or 8 group tiles)."""
+    return _searched(hw, num_stages, pairing, handoff_weight, pair_weight, tp, exhaustive=True)
 
 
 def anneal_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: str = "cross-half",
-                     handoff_weight: float = 1.0, pair_weight: float = 1.0, chains: int = 256, steps: int = 4000,
-                     t_start: float = 0.1, t_end: float = 0.001, seed: int = 0) -> PlacementReport:
-    """Simulated annealing over permutations of the search region (:func:`search_region`).
+                     handoff_weight: float = 1.0, pair_weight: float = 1.0, tp: int = 1, **anneal_args) -> PlacementReport:
+    """Simulated annealing over permutations of the slots (:func:`placement_slots`, :func:`search_slots`)."""
+    return _searched(hw, num_stages, pairing, handoff_weight, pair_weight, tp, exhaustive=False, **anneal_args)
 
-    Chains start from the snake layout and from random permutations; temperatures are relative to
-    the snake layout's cost.
-    """
-    n = hw.num_dies if num_stages is None else num_stages
-    region = search_region(hw, n)
-    D = len(region)
-    slot_of = {int(d): i for i, d in enumerate(region)}
-    snake = np.array([slot_of[int(d)] for d in mesh.snake_placement(hw, n)] if all(
-        int(d) in slot_of for d in mesh.snake_placement(hw, n)) else np.arange(n))
-    snake = np.concatenate([snake, np.setdiff1d(np.arange(D), snake)])
-    rng = np.random.default_rng(seed)
-    starts = np.stack([snake] + [rng.permutation(D) for _ in range(chains - 1)])
-    ctx = PlacementContext(cost=np.asarray(hop_cost_matrix(hw, region), np.float32),
-                           pairs=np.asarray(_pairs(pairing, n), np.int32),
-                           handoff_weight=np.float32(handoff_weight), pair_weight=np.float32(pair_weight))
-    reference = float(_cost(ctx.cost, ctx.pairs, n, handoff_weight, pair_weight, snake)) or 1.0
-    res = anneal(PlacementProblem(n, D), ctx, starts, seed, steps=steps, t_start=t_start,
-                 t_end=t_end, reference=reference, steps_per_call=math.gcd(steps, 200))
-    return evaluate_placement(hw, region[np.asarray(res.x)[:n]], pairing, handoff_weight, pair_weight, "annealing")
+
+def _searched(hw, num_stages, pairing, handoff_weight, pair_weight, tp, **search_args) -> PlacementReport:
+    n = hw.num_dies // tp if num_stages is None else int(num_stages)
+    dies, default = placement_slots(hw, n, tp)
+    slots, method = search_slots(group_cost_matrix(hw, dies), n, _pairs(pairing, n), default, handoff_weight,
+                                 pair_weight, **search_args)
+    return evaluate_placement(hw, _placement(dies, slots, tp), pairing, handoff_weight, pair_weight, method)
 
 
 def search_placement(hw: HardwareSpec, num_stages: int | None = None, pairing: str = "cross-half",
-                     handoff_weight: float = 1.0, pair_weight: float = 1.0, seed: int = 0, **anneal_args) -> PlacementReport:
-    """Exhaustive search on meshes of up to 8 dies, annealing beyond; never worse than snake."""
-    n = hw.num_dies if num_stages is None else num_stages
-    if hw.num_dies <= EXHAUSTIVE_MAX_DIES:
-        rep = exhaustive_placement(hw, n, pairing, handoff_weight, pair_weight)
-    else:
-        rep = anneal_placement(hw, n, pairing, handoff_weight, pair_weight, seed=seed, **anneal_args)
-    snake = evaluate_placement(hw, mesh.snake_placement(hw, n), pairing, handoff_weight, pair_weight, "snake")
+                     handoff_weight: float = 1.0, pair_weight: float = 1.0, seed: int = 0, tp: int = 1,
+                     **anneal_args) -> PlacementReport:
+    """The searched placement of ``num_stages`` stages of ``tp`` dies (default ``dies // tp`` stages).
+
+    Exhaustive over at most 8 slots, annealing beyond; never worse than the default (snake) layout.
+    With ``tp > 1`` the placement is ``[N, tp]``: which group tile each stage group occupies on a
+    mesh.  On a switch (GPU nodes) every group is one hop from every other, so there is nothing to
+    search: the consecutive-device groups are kept (a group stays inside a node when ``tp``
+    divides the node size).
+    """
+    n = hw.num_dies // tp if num_stages is None else int(num_stages)
+    snake = snake_report(hw, n, pairing, handoff_weight, pair_weight, tp)
+    if tp > 1 and hw.topology == "switch":
+        return snake
+    rep = _searched(hw, n, pairing, handoff_weight, pair_weight, tp, seed=seed, **anneal_args)
     return rep if rep.cost <= snake.cost else snake
 
 
 def snake_report(hw: HardwareSpec, num_stages: int | None = None, pairing: str = "cross-half",
-                 handoff_weight: float = 1.0, pair_weight: float = 1.0) -> PlacementReport:
-    n = hw.num_dies if num_stages is None else num_stages
-    return evaluate_placement(hw, mesh.snake_placement(hw, n), pairing, handoff_weight, pair_weight, "snake")
+                 handoff_weight: float = 1.0, pair_weight: float = 1.0, tp: int = 1) -> PlacementReport:
+    """The default layout's report: the snake order of dies, or the default stage groups."""
+    n = hw.num_dies // tp if num_stages is None else int(num_stages)
+    pl = mesh.snake_placement(hw, n) if tp == 1 else mesh.stage_groups(hw, n, tp)
+    return evaluate_placement(hw, pl, pairing, handoff_weight, pair_weight, "snake")
 
 
 def grid_picture(hw: HardwareSpec, placement) -> str:
-    """Text picture of the die grid with the stage number on each die ('.' unused)."""
-    stage_of = {int(d): s for s, d in enumerate(placement)}
-    width = len(str(len(placement)))
+    """Text picture of the die grid with the stage number on each die of its group ('.' unused)."""
+    pl = np.asarray(placement)
+    stage_of = {int(d): s for s, group in enumerate(pl.reshape(len(pl), -1)) for d in group}
+    width = len(str(len(pl)))
     rows = []
     for r in range(hw.rows):
         cells = []

@@ -18,6 +18,7 @@ from ..mbkr.pairing import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRIN
 from ..schedule.items import ItemTable
 from ..schedule.shape import MBKRMode, Spill
 from ..specs import HardwareSpec, ModelSpec, checks
+from ..specs.mesh import group_routes
 from .evaluate import Point
 
 
@@ -58,11 +59,25 @@ class MBKRSettings:
 
 
 def mbkr_params(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings, dtype) -> MBKRParams:
-    """MBKR numbers of a configuration; pair routes share links with the hand-offs and each other."""
+    """MBKR numbers of a configuration; pair routes share links with the hand-offs and each other.
+
+    ``placement`` is ``[N]`` dies or ``[N, t]`` stage groups.  Partners are stage groups: a
+    group's spill runs rank to rank (die k of the debtor group to die k of its partner, every
+    die moving its own share of the KV), so ``stage_hops`` is the longest rank route and
+    ``stage_bandwidth`` one rank route's share of its bottleneck link, with every rank route of
+    every hand-off and pair sharing the links (:func:`mocap_jax.specs.mesh.group_routes`).
+    """
+    placement = np.asarray(placement)
     n = len(placement)
     code = STATIC_PAIRING_CODE.get(settings.pairing, 0)
     partner = partner_of(code, n, n, xp=np) if settings.mode == MBKRMode.STATIC else None
-    hops, bw = pair_routes(hw, placement, partner, n_pad, dtype)
+    if placement.ndim == 2:
+        group_hops, group_bw = group_routes(hw, placement, partner)
+        hops, bw = np.zeros((n_pad, n_pad), dtype), np.ones((n_pad, n_pad), dtype)
+        hops[:n, :n] = group_hops
+        bw[:n, :n] = group_bw / placement.shape[1]      # the routes' aggregate over t ranks, per rank
+    else:
+        hops, bw = pair_routes(hw, placement, partner, n_pad, dtype)
     return MBKRParams(p1=np.asarray(settings.p1, dtype), p2=np.asarray(settings.p2, dtype),
                       read_overlap=np.asarray(settings.read_overlap, dtype), pairing=np.asarray(code, np.int32),
                       stage_hops=hops, stage_bandwidth=bw)
@@ -71,9 +86,12 @@ def mbkr_params(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings,
 def stage_layout(hw: HardwareSpec, placement, n_pad: int, dtype) -> StageLayout:
     """Layout of stages on ``placement``: ``[N]`` one die per stage, or ``[N, t]`` stage groups."""
     placement = np.asarray(placement)
-    if placement.ndim == 2:
-        return StageLayout.from_groups(hw, placement, n_pad, dtype)
-    return StageLayout.from_placement(hw, placement, n_pad, dtype)
+    return (StageLayout.from_groups if placement.ndim == 2 else StageLayout.from_placement)(hw, placement, n_pad, dtype)
+
+
+def stage_routes(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings, dtype) -> tuple[StageLayout, MBKRParams]:
+    """The layout and MBKR routes of a placement (``[N]`` dies or ``[N, t]`` stage groups)."""
+    return stage_layout(hw, placement, n_pad, dtype), mbkr_params(hw, np.asarray(placement), n_pad, settings, dtype)
 
 
 def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, dtype,
@@ -81,14 +99,11 @@ def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement,
     """One configuration as a pytree of NumPy numbers (``items`` already padded to the bucket).
 
     ``placement`` is the die of each stage ``[N]``, or the dies of each tensor-parallel stage group
-    ``[N, t]``; MBKR routes then run between the groups' first dies.
+    ``[N, t]`` (MBKR partners are then groups, their routes rank to rank).
     """
-    settings = settings or MBKRSettings()
-    placement = np.asarray(placement)
-    layout = stage_layout(hw, placement, n_pad, dtype)
-    firsts = placement[:, 0] if placement.ndim == 2 else placement
+    layout, mbkr = stage_routes(hw, placement, n_pad, settings or MBKRSettings(), dtype)
     return Point(items=items, model=ModelParams.from_spec(model, dtype), hardware=HardwareParams.from_spec(hw, dtype),
-                 layout=layout, mbkr=mbkr_params(hw, firsts, n_pad, settings, dtype))
+                 layout=layout, mbkr=mbkr)
 
 
 def stack_points(points: list[Point]) -> Point:

@@ -208,11 +208,29 @@ def _group_shape(hw: HardwareSpec, tp: int) -> tuple[int, int]:
     return min(shapes, key=cost)
 
 
+def group_tiles(hw: HardwareSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tiles stage groups of ``tp`` dies occupy on a mesh, and their default order.
+
+    The grid is cut into ``r x c`` rectangles (:func:`_group_shape`), numbered row-major over
+    the ``rows / r x grid_cols / c`` grid of tiles.  Returns ``dies [T, tp]`` (each tile's dies
+    in ring order, so rank ``k`` sits at the same offset in every tile) and ``snake [T]`` (tile
+    numbers in boustrophedon order, consecutive tiles neighbours).
+    """
+    r, c = _group_shape(hw, int(tp))
+    ring = ring_order(r, c)
+    tile_rows, tile_cols = hw.rows // r, hw.grid_cols // c
+    dies = [[die_index(hw, tr * r + dr, tc * c + dc) for dr, dc in ring]
+            for tr in range(tile_rows) for tc in range(tile_cols)]
+    snake = [tr * tile_cols + (tc if tr % 2 == 0 else tile_cols - 1 - tc)
+             for tr in range(tile_rows) for tc in range(tile_cols)]
+    return np.asarray(dies, dtype=np.int64), np.asarray(snake, dtype=np.int64)
+
+
 def stage_groups(hw: HardwareSpec, num_stages: int, tp: int) -> np.ndarray:
     """Default dies of each stage group, ``[N, tp]`` die indices, each row in ring order.
 
     On a switch: consecutive devices (a group stays inside a node when ``tp`` divides the
-    node size).  On a mesh: ``r x c`` rectangles (:func:`_group_shape`) visited in
+    node size).  On a mesh: ``r x c`` rectangles (:func:`group_tiles`) visited in
     boustrophedon order over the grid of rectangles, so consecutive stage groups are
     neighbours.  ``tp = 1`` gives :func:`snake_placement` as a column.
     """
@@ -224,14 +242,8 @@ def stage_groups(hw: HardwareSpec, num_stages: int, tp: int) -> np.ndarray:
         return np.arange(n * tp, dtype=np.int64).reshape(n, tp)
     if tp == 1:
         return snake_placement(hw, n)[:, None]
-    r, c = _group_shape(hw, tp)
-    ring = ring_order(r, c)
-    tiles = []
-    for tr in range(hw.rows // r):
-        cols = range(hw.grid_cols // c) if tr % 2 == 0 else range(hw.grid_cols // c - 1, -1, -1)
-        tiles.extend((tr, tc) for tc in cols)
-    groups = [[die_index(hw, tr * r + dr, tc * c + dc) for dr, dc in ring] for tr, tc in tiles[:n]]
-    return np.asarray(groups, dtype=np.int64)
+    dies, snake = group_tiles(hw, tp)
+    return dies[snake[:n]]
 
 
 def _shared_bandwidth(hw: HardwareSpec, route: list[tuple[int, int]], loads: dict) -> float:

@@ -29,18 +29,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..api.config import ADMISSION_MODES, RELEASE_POLICIES, searched_placement
-from ..costs import HardwareParams, ModelParams, StageLayout
+from ..costs import HardwareParams, ModelParams
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, MBKRParams
 from ..partition.objectives import OBJECTIVES
 from ..prefill.batch import evaluate_many
 from ..prefill.evaluate import Point
-from ..prefill.points import MBKRSettings, mbkr_params
+from ..prefill.points import MBKRSettings, stage_routes
 from ..schedule.items import chunked_items, gpipe_items, uniform_partitions
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape
 from ..serving.arrivals import arrival_times
 from ..serving.e2e import ServingShape, e2e_latency
 from ..specs import HardwareSpec, ModelSpec, SpecError, mocap_wafer
-from ..specs.mesh import snake_placement
+from ..specs.mesh import snake_placement, stage_groups
 from .arrays import unique_rows
 
 __all__ = ["Evaluator", "ADMISSION_MODES", "RELEASE_POLICIES", "PAIRINGS", "OBJECTIVES", "ARRIVALS", "DEFAULT_P1",
@@ -72,10 +72,12 @@ class TemplateCache:
             self._params[spec] = cls.from_spec(spec, self.dtype)
         return self._params[spec]
 
-    def route(self, hw: HardwareSpec, n: int, n_pad: int, placement: str, scheme: str, pairing: str, mode: str):
-        """``(StageLayout, MBKRParams)`` of a mesh geometry, stage count, placement and pairing (cached)."""
+    def route(self, hw: HardwareSpec, n: int, n_pad: int, placement: str, scheme: str, pairing: str, mode: str,
+              tp: int = 1):
+        """``(StageLayout, MBKRParams)`` of a mesh geometry, stage count, tensor-parallel degree, placement and
+        pairing (cached): ``tp > 1`` places stage groups (the default groups, or the searched group tiles)."""
         geo = (hw.rows, hw.cols, hw.wafers, hw.topology, hw.link_bandwidth, hw.cross_wafer_bandwidth)
-        key = (geo, n, n_pad, placement, scheme, pairing, mode)
+        key = (geo, n, n_pad, placement, scheme, pairing, mode, tp)
         hit = self._route.get(key)
         if hit is not None:
             return hit
@@ -88,11 +90,10 @@ class TemplateCache:
             ratio = hw.cross_wafer_bandwidth / hw.link_bandwidth if hw.wafers > 1 else 1.0
             gs = mocap_wafer(hw.rows, hw.cols, hw.wafers, topology=hw.topology, link_bandwidth=5e12,
                              cross_wafer_bandwidth=5e12 * ratio, name="placement")
-            pl = searched_placement(gs, n, pairing)
+            pl = searched_placement(gs, n, pairing, tp)
         else:
-            pl = snake_placement(g, n)
-        dt = self.dtype
-        hit = (StageLayout.from_placement(g, pl, n_pad, dt), mbkr_params(g, pl, n_pad, MBKRSettings(pairing=pairing), dt))
+            pl = snake_placement(g, n) if tp == 1 else stage_groups(g, n, tp)
+        hit = stage_routes(g, pl, n_pad, MBKRSettings(pairing=pairing), self.dtype)
         self._route[key] = hit
         return hit
 
@@ -132,12 +133,13 @@ def block_inputs(key: tuple, r, cache: TemplateCache, size: int):
         items = chunked_items(part_pad, batch)
     model = _gather([cache.params(m) for m in r.models], r.codes["model"][pad])
     hardware = _gather([cache.params(h) for h in r.hw_specs], r.hw_inv[pad])
-    # routes: per unique (hardware combination, stages, placement, scheme, pairing)
+    # routes: per unique (hardware combination, stages, placement, scheme, pairing, tensor-parallel degree)
     c = r.codes
-    u, inv = unique_rows([r.hw_inv[pad], r.stages[pad], c["placement"][pad], c["scheme"][pad], c["pairing"][pad]])
+    u, inv = unique_rows([r.hw_inv[pad], r.stages[pad], c["placement"][pad], c["scheme"][pad], c["pairing"][pad],
+                          r.tp[pad]])
     t = r.space.tables
-    table = [cache.route(r.hw_specs[h], int(n), n_pad, t["placement"][pl], t["scheme"][s], t["pairing"][pa], mode)
-             for h, n, pl, s, pa in u]
+    table = [cache.route(r.hw_specs[h], int(n), n_pad, t["placement"][pl], t["scheme"][s], t["pairing"][pa], mode,
+                         int(tp)) for h, n, pl, s, pa, tp in u]
     layout = _gather([x[0] for x in table], inv)
     routes = _gather([x[1] for x in table], inv)
     dt = cache.dtype

@@ -37,7 +37,7 @@ OUTPUT_COLUMNS = (
     "spill_write_s", "blocking_s", "migrate_s", "load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s",
     "load_throughput_rps", "partition",
 )
-INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch",
+INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stages", "tp", "seq_len", "chunks", "batch",
                  "microbatch", "placement", "release", "admission", "num_batches", "pairing", "p1", "p2",
                  "read_overlap", "load", "requests", "arrivals", "granularity", "chains", "steps", "objective",
                  "max_batch", "seed") + DIE_FIELDS
@@ -49,7 +49,7 @@ assert len(set(COLUMNS)) == len(COLUMNS)
 # Parquet column types ("sim": the run's float dtype)
 _STRINGS = {"scheme", "model", "hardware", "placement", "release", "admission", "pairing", "arrivals", "objective",
     "reason", "partition", "mocap_jax_version", "config_hash", "device_kind"}
-_INTS = {"point_id", "rows", "cols", "wafers", "stages", "seq_len", "chunks", "batch", "microbatch", "num_batches",
+_INTS = {"point_id", "rows", "cols", "wafers", "stages", "tp", "seq_len", "chunks", "batch", "microbatch", "num_batches",
          "requests", "granularity", "chains", "steps", "max_batch", "seed", "batch_used", "devices", "bucket"}
 _NUMPY_TYPES = {"bool": np.bool_, "int64": np.int64, "float": np.float32, "double": np.float64}
 _FLOAT64 = {"p1", "p2", "read_overlap", "load", "load_rps", *DIE_FIELDS}

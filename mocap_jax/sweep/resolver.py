@@ -17,18 +17,19 @@ import numpy as np
 
 from .. import costs
 from ..costs import HardwareParams, ModelParams
-from ..specs import LIMITS, HardwareSpec, SpecError, get_hardware, get_model
+from ..specs import LIMITS, HardwareSpec, SpecError, get_hardware, get_model, mesh
 from .arrays import power_of_two_bucket, unique_rows
 from .config import DIE_FIELDS, SERIAL_SCHEMES
 from .space import Space
 
 REASONS = ("", "stages>dies", "stages>layers", "chunks>seq_len", "granularity", "weights", "p1>p2",
-           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches")
+           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches", "tp-heads", "tp-tiling",
+           "serial-tp")
 HW_KEYS = ("hardware", "rows", "cols", "wafers") + DIE_FIELDS
 #: the keys a point's bucket and impossibility reason are computed from (of the die fields, only
 #: those in the weights check: a stage's weights against hbm_capacity x usable_hbm_fraction)
 PLAN_KEYS = frozenset({"hardware", "rows", "cols", "wafers", "hbm_capacity", "usable_hbm_fraction", "weight_bytes",
-                       "model", "stages", "scheme", "seq_len", "chunks", "granularity", "batch", "microbatch",
+                       "model", "stages", "tp", "scheme", "seq_len", "chunks", "granularity", "batch", "microbatch",
                        "p1", "p2", "load", "requests", "admission", "release", "num_batches", "pairing",
                        "max_batch"})
 #: keys that enter only through one property of their value: values with equal property are interchangeable
@@ -47,6 +48,7 @@ class Resolved:
     hw_inv: np.ndarray       # [P] index into hw_specs
     models: list             # ModelSpec per model code
     stages: np.ndarray       # int64 [P] pipeline stages N
+    tp: np.ndarray           # int64 [P] dies per stage group
     scheme: np.ndarray       # object [P] scheme names
     reason: np.ndarray       # int8 [P] index into REASONS (0: possible)
 
@@ -78,6 +80,7 @@ class Resolver:
         self.cfg = space.cfg
         self._hw: dict[tuple, HardwareSpec] = {}
         self._weights: dict[tuple, float] = {}
+        self._tiles: dict[tuple, bool] = {}
         self.models = [self._spec(get_model, "model", v) for v in space.tables["model"]]
         self.hardware_bases = [self._spec(get_hardware, "hardware", v) for v in space.tables["hardware"]]
 
@@ -118,15 +121,33 @@ class Resolver:
         self._hw[row] = spec
         return spec
 
-    def _weight_excess(self, model_code: int, spec: HardwareSpec, n: int) -> float:
-        """Largest stage's weight bytes minus a die's usable HBM (> 0: the model does not fit)."""
-        key = (model_code, spec, n)
+    def _weight_excess(self, model_code: int, spec: HardwareSpec, n: int, tp: int = 1) -> float:
+        """Largest stage's weight bytes per die minus a die's usable HBM (> 0: the model does not fit)."""
+        key = (model_code, spec, n, tp)
         if key not in self._weights:
             mp = ModelParams.from_spec(self.models[model_code], np.float64)
             hp = HardwareParams.from_spec(spec, np.float64)
-            w = costs.stage_weight_bytes(mp, hp, n, n, xp=np)
+            w = costs.stage_weight_bytes(mp, hp, n, n, xp=np, tensor_parallel=float(tp))
             self._weights[key] = float(np.max(w)) - spec.hbm_capacity * spec.usable_hbm_fraction
         return self._weights[key]
+
+    def _tiles_mesh(self, spec: HardwareSpec, tp: int) -> bool:
+        """Whether stage groups of ``tp`` dies exist on the hardware (an ``r x c`` rectangle tiling a mesh;
+        any group of devices on a switch)."""
+        key = (spec, tp)
+        if key not in self._tiles:
+            fits = tp <= spec.num_dies
+            if fits and spec.topology == "mesh":
+                try:
+                    mesh.group_tiles(spec, tp)
+                except ValueError:
+                    fits = False
+            self._tiles[key] = fits
+        return self._tiles[key]
+
+    def _heads_problem(self, model_code: int, tp: int) -> str:
+        m = self.models[model_code]
+        return costs.tensor_parallel.heads_problem(m.q_heads, m.kv_heads, m.attention == "gqa", tp)
 
     def resolve(self, ids: np.ndarray) -> Resolved:
         sp = self.space
@@ -136,7 +157,8 @@ class Resolver:
         specs = [self.hw_spec(tuple(int(x) for x in row)) for row in uniq]
         dies = np.array([s.num_dies for s in specs], np.int64)[hw_inv]
         st = sp.values("stages", c["stages"], fill=-1, dtype=np.int64)
-        stages = np.where(st < 0, dies, st)
+        tp = sp.values("tp", c["tp"], dtype=np.int64)
+        stages = np.where(st < 0, dies // tp, st)
         scheme = np.array(t["scheme"], dtype=object)[c["scheme"]]
         layers = np.array([m.layers for m in self.models], np.int64)[c["model"]]
         val = lambda k, **kw: sp.values(k, c[k], **kw)
@@ -156,7 +178,12 @@ class Resolver:
         stages_given = flag("stages", lambda v: v is not None)
         mark(serial & ~auto, "serial-batch")
         mark((serial | auto) & stages_given, "serial-stages")
-        mark(stages > dies, "stages>dies")
+        mark((serial | auto) & (tp > 1), "serial-tp")
+        u, inv = unique_rows([c["model"], tp])
+        mark(np.array([self._heads_problem(int(m), int(t)) != "" for m, t in u], bool)[inv], "tp-heads")
+        u, inv = unique_rows([hw_inv, tp])
+        mark(~np.array([self._tiles_mesh(specs[int(h)], int(t)) for h, t in u], bool)[inv], "tp-tiling")
+        mark(stages * tp > dies, "stages>dies")
         mark(stages > layers, "stages>layers")
         mark(chunked & (chunks > seq), "chunks>seq_len")
         mark(serial & ((seq % gran != 0) | ((scheme != "terapipe-dp") & (chunks * gran > seq))), "granularity")
@@ -164,14 +191,14 @@ class Resolver:
         mark((scheme == "gpipe") & ~auto & (-(-batch // micro) > LIMITS["chunks"]), "microbatches")
         mark(val("p1") > val("p2"), "p1>p2")
         ok = reason == 0
-        if ok.any():   # weights: per unique (model, hardware combination, stages)
-            u, inv = unique_rows([c["model"][ok], hw_inv[ok], stages[ok]])
-            over = np.array([self._weight_excess(int(m), specs[h], int(n)) > 0 for m, h, n in u], bool)
+        if ok.any():   # weights per die: per unique (model, hardware combination, stages, tp)
+            u, inv = unique_rows([c["model"][ok], hw_inv[ok], stages[ok], tp[ok]])
+            over = np.array([self._weight_excess(int(m), specs[h], int(n), int(t)) > 0 for m, h, n, t in u], bool)
             full = np.zeros(len(ids), bool)
             full[ok] = over[inv]
             mark(full, "weights")
         return Resolved(space=sp, ids=np.asarray(ids, np.int64), codes=c, hw_specs=specs, hw_inv=hw_inv,
-                        models=self.models, stages=stages, scheme=scheme, reason=reason)
+                        models=self.models, stages=stages, tp=tp, scheme=scheme, reason=reason)
 
     def explain(self, r: Resolved, j: int) -> str:
         """One-line message for the impossible point ``r.ids[j]``, naming the keys."""
@@ -179,11 +206,25 @@ class Resolver:
         code = REASONS[int(r.reason[j])]
         hw = r.hardware(j)
         m = self.models[int(r.codes["model"][j])]
-        n = int(r.stages[j])
+        n, t = int(r.stages[j]), int(r.tp[j])
         S, M, g, scheme = v["seq_len"], v["chunks"], v["granularity"], v["scheme"]
         if code == "stages>dies":
+            if t > 1:
+                return (f"stages = {n} of tp = {t} dies need {n * t} dies but hardware {hw.name} has {hw.num_dies}; "
+                        f"use fewer stages, a smaller tp or a larger mesh")
             return (f"stages = {n} is more than the {hw.num_dies} dies of hardware {hw.name}; use fewer stages or a "
                     f"larger mesh")
+        if code == "tp-heads":
+            return (f"tp = {t} {self._heads_problem(int(r.codes['model'][j]), t)} of model {m.name}; choose a tp "
+                    f"that splits them")
+        if code == "tp-tiling":
+            if t > hw.num_dies:
+                return f"tp = {t} is more than the {hw.num_dies} dies of hardware {hw.name}; use a smaller tp"
+            return (f"no rectangle of tp = {t} dies tiles the {hw.rows}x{hw.grid_cols} grid of hardware {hw.name}; "
+                    f"choose a tp that is a product of divisors of the rows and columns")
+        if code == "serial-tp":
+            return (f"scheme {scheme} (or batch = \"auto\") plans single-die stages: tp must be 1 for it "
+                    f"(use a separate [[grid]] table for the slow schemes)")
         if code == "stages>layers":
             return (f"model {m.name} has {m.layers} layers, fewer than the {n} pipeline stages of hardware "
                     f"{hw.name}; use a smaller mesh (rows/cols) or set stages <= {m.layers}")
@@ -196,10 +237,10 @@ class Resolver:
                     f"(scheme {scheme})")
         if code == "weights":
             usable = hw.hbm_capacity * hw.usable_hbm_fraction
-            w = self._weight_excess(int(r.codes["model"][j]), hw, n) + usable
-            return (f"model {m.name} does not fit hardware {hw.name}: a stage needs {w / 1e9:.1f} GB of weights but "
-                    f"a die has {usable / 1e9:.1f} GB usable (hbm_capacity x usable_hbm_fraction); use a larger mesh "
-                    f"or a smaller model")
+            w = self._weight_excess(int(r.codes["model"][j]), hw, n, t) + usable
+            return (f"model {m.name} does not fit hardware {hw.name}: a stage needs {w / 1e9:.1f} GB of weights per die "
+                    f"but a die has {usable / 1e9:.1f} GB usable (hbm_capacity x usable_hbm_fraction); use a larger "
+                    f"mesh, a larger tp or a smaller model")
         if code == "p1>p2":
             return f"p1 = {v['p1']} is above p2 = {v['p2']}; MBKR needs p1 <= p2"
         if code == "gpipe-load-microbatch":
