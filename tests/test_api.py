@@ -5,7 +5,6 @@ honesty invariant of batched results."""
 import math
 
 import chex
-import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st

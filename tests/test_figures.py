@@ -1,7 +1,6 @@
 """Every figure's run and plot functions at tiny sizes: arrays come back, a PNG is written."""
 
 import numpy as np
-import pytest
 
 from mocap_jax.figures import chunks, gantt, latency, max_seq, occupancy
 

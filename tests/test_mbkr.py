@@ -2,7 +2,6 @@
 formula, eager against overflow spilling, and the placement search."""
 
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,6 @@ from mocap_jax.mbkr.placement import (anneal_placement, evaluate_placement, exha
 from mocap_jax.mbkr.spills import FIT_TOLERANCE, RANK_RESOLUTION, Stages, decide, dynamic_spills, pair_spills
 from mocap_jax.schedule.shape import Spill
 from mocap_jax.specs import ModelSpec, get_hardware, mocap_wafer
-from mocap_jax.specs.mesh import snake_placement
 
 
 # --------------------------------------------------------------------------- the rule

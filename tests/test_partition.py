@@ -3,7 +3,6 @@ force of the full objective, the annealer's determinism and device-split invaria
 
 import itertools
 
-import jax
 import numpy as np
 import pytest
 

@@ -1,13 +1,10 @@
 """simulate / simulate_batch: semantics on hand-checked cases, batching, buckets, feasibility, bad input."""
 
-import dataclasses
-
 import chex
 import numpy as np
 import pytest
 
 import mocap_jax as mj
-from mocap_jax import api
 from mocap_jax.prefill import batch as prefill_batch
 from mocap_jax.specs import get_hardware, get_model
 

@@ -55,12 +55,12 @@ def run_calibrate_command(args) -> int:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.test_fraction is not None and not 0 < args.test_fraction < 1:
         raise ValueError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
-    log = None
-    if not args.quiet:
-        def log(msg):
-            print(f"[calibrate] {msg}", file=sys.stderr, flush=True)
+
+    def log(msg):
+        print(f"[calibrate] {msg}", file=sys.stderr, flush=True)
     report = run_calibration(size=args.size, seed=args.seed, json_path=_path_or_none(args.out),
-                             figure_path=_path_or_none(args.figure), test_fraction=args.test_fraction, log=log)
+                             figure_path=_path_or_none(args.figure), test_fraction=args.test_fraction,
+                             log=None if args.quiet else log)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

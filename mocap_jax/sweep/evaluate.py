@@ -265,7 +265,7 @@ def _outputs_serial(r, dtype: str) -> dict:
                              arrivals=v["arrivals"], seed=v["seed"], release=v["release"], admission=v["admission"],
                              num_batches=v["num_batches"], mbkr=MBKRSettings(v["pairing"], v["p1"], v["p2"],
                                                                              v["read_overlap"]),
-                             dtype=dtype, with_max_seq=False)
+                             dtype=dtype, tp=int(r.tp[j]), with_max_seq=False)
         res = evaluate_scheme(plan_scheme(r.models[int(r.codes["model"][j])], r.hardware(j), v["seq_len"],
                                           v["scheme"], st), v["load"], st)
         ex = res.extra

@@ -23,8 +23,7 @@ from .config import DIE_FIELDS, SERIAL_SCHEMES
 from .space import Space
 
 REASONS = ("", "stages>dies", "stages>layers", "chunks>seq_len", "granularity", "weights", "p1>p2",
-           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches", "tp-heads", "tp-tiling",
-           "serial-tp")
+           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches", "tp-heads", "tp-tiling")
 HW_KEYS = ("hardware", "rows", "cols", "wafers") + DIE_FIELDS
 #: the keys a point's bucket and impossibility reason are computed from (of the die fields, only
 #: those in the weights check: a stage's weights against hbm_capacity x usable_hbm_fraction)
@@ -178,7 +177,6 @@ class Resolver:
         stages_given = flag("stages", lambda v: v is not None)
         mark(serial & ~auto, "serial-batch")
         mark((serial | auto) & stages_given, "serial-stages")
-        mark((serial | auto) & (tp > 1), "serial-tp")
         u, inv = unique_rows([c["model"], tp])
         mark(np.array([self._heads_problem(int(m), int(t)) != "" for m, t in u], bool)[inv], "tp-heads")
         u, inv = unique_rows([hw_inv, tp])
@@ -222,9 +220,6 @@ class Resolver:
                 return f"tp = {t} is more than the {hw.num_dies} dies of hardware {hw.name}; use a smaller tp"
             return (f"no rectangle of tp = {t} dies tiles the {hw.rows}x{hw.grid_cols} grid of hardware {hw.name}; "
                     f"choose a tp that is a product of divisors of the rows and columns")
-        if code == "serial-tp":
-            return (f"scheme {scheme} (or batch = \"auto\") plans single-die stages: tp must be 1 for it "
-                    f"(use a separate [[grid]] table for the slow schemes)")
         if code == "stages>layers":
             return (f"model {m.name} has {m.layers} layers, fewer than the {n} pipeline stages of hardware "
                     f"{hw.name}; use a smaller mesh (rows/cols) or set stages <= {m.layers}")
