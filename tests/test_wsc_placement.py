@@ -1,12 +1,16 @@
-"""Placement: TransferCost by hand (with shared links), packing, heuristics against the exhaustive optimum."""
+"""Placement: TransferCost by hand (with shared links), packing, heuristics against the exhaustive optimum,
+annealing moves and objective against plain checks, and the annealer's device-split invariance."""
 
+import jax
 import numpy as np
 import pytest
 
+from mocap_jax.search.anneal import evaluate_states, random_words
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import layout as lay_
 from mocap_jax.wsc import placement as plc
 from mocap_jax.wsc.placement_compare import compare_placements
+from mocap_jax.wsc.placement_search import LayoutContext, LayoutProblem
 from mocap_jax.wsc.figures_wafer import plot_placement
 from mocap_jax.wsc.hardware import wsc_wafer
 
@@ -110,6 +114,64 @@ def test_annealing_finds_the_exhaustive_optimum(small_case):
         assert r.cost <= plc.transfer_cost(W34, starts[0], a).cost
     again = plc.anneal_placements(W34, starts, list(small_case), chains=8, steps=600, seed=1)
     assert [r.cost for r in again] == [r.cost for r in res]  # fixed seed, same answer
+
+
+def _problem(wafer, layout, alphas):
+    insts = layout.instances
+    problem = LayoutProblem(tuple(i.rows for i in insts), tuple(i.cols for i in insts),
+                            tuple(i.kind == "prefill" for i in insts), wafer.rows, wafer.cols)
+    g = plc._Geometry(wafer)
+    return problem, LayoutContext(hops=g.hops.astype(np.int32), incidence=g.incidence,
+                                  alpha=np.asarray(alphas, np.float32))
+
+
+def _as_layout(wafer, layout, x):
+    """The placement ``x [3 N]`` as a Layout (raises SpecError if it leaves the grid or overlaps)."""
+    return lay_.Layout(wafer.rows, wafer.cols, tuple(
+        lay_.Instance(ref.kind, int(r), int(c), ref.cols if rot else ref.rows, ref.rows if rot else ref.cols)
+        for ref, (r, c, rot) in zip(layout.instances, np.asarray(x).reshape(-1, 3))))
+
+
+def test_moves_are_valid_exactly_when_the_layout_is_and_the_objective_is_transfer_cost():
+    # mixed shapes on a tight grid: 1x2 decode instances and 1x1 prefill, 10 of 12 dies used
+    start = plc.decode_centred_placement(W34, (1, 1), 6, (1, 2), 2, 1.0)
+    problem, ctx = _problem(W34, start, [1.0, 2.0])
+    x = np.asarray([(i.row, i.col, 0) for i in start.instances], np.int32).reshape(-1)
+    rng = np.random.default_rng(4)
+    propose = jax.jit(lambda words, x: problem.propose(words, x, ctx))
+    words = np.asarray(jax.vmap(lambda k: random_words(7, 0, k, 4))(np.arange(300)))
+    proposals, kinds = [], set()
+    for k in range(300):
+        got, valid = propose(words[k], x)
+        try:
+            _as_layout(W34, start, got)
+            ok = True
+        except SpecError:
+            ok = False
+        assert bool(valid) == ok
+        kinds.add(ok)
+        if ok:
+            proposals.append(np.asarray(got))
+            if rng.random() < 0.5:
+                x = np.asarray(got)        # walk on, so moves start from varied layouts
+    assert kinds == {True, False} and len(proposals) > 50
+    xs = np.stack(proposals[:64])
+    for group, alpha in enumerate((1.0, 2.0)):
+        values, aux = evaluate_states(problem, xs, ctx, np.full(len(xs), group, np.int32), devices=1)
+        assert (aux == group).all()
+        want = [plc.transfer_cost(W34, _as_layout(W34, start, p), alpha).cost for p in xs]
+        np.testing.assert_allclose(values, want, rtol=1e-6)
+
+
+def test_annealing_is_independent_of_the_device_split_and_never_worse_than_its_start():
+    starts = [plc.decode_centred_placement(W34, (1, 1), 4, (1, 2), 2, a) for a in (1.0, 2.0)]
+    runs = [plc.anneal_placements(W34, starts, [1.0, 2.0], chains=8, steps=60, seed=5, devices=d) for d in (1, 8)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert a.chain_costs == b.chain_costs and a.layout == b.layout
+    for r, start, a in zip(runs[0], starts, (1.0, 2.0)):
+        assert r.cost == plc.transfer_cost(W34, r.layout, a).cost <= plc.transfer_cost(W34, start, a).cost
+        assert min(r.chain_costs) == r.cost
 
 
 def test_decode_centred_puts_decode_in_the_middle():

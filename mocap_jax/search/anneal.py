@@ -80,12 +80,14 @@ class Schedule:
 
 
 class AnnealResult(NamedTuple):
-    """Best state over all chains, its objective, per-chain best objectives and the acceptance rate."""
+    """Best state over all chains, its objective, per-chain best objectives, the acceptance rate
+    and each chain's best state (``[C, D]``)."""
 
     x: np.ndarray
     objective: float
     chain_best: np.ndarray
     accept_rate: float
+    chain_states: np.ndarray
 
 
 #: random uint32 words a proposal receives
@@ -263,5 +265,6 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     best_value = np.asarray(chains.best_value) * reference
     i = int(np.argmin(best_value))
     objective = float(best_value[i]) if best_value[i] < PENALTY * reference else float("inf")
-    return AnnealResult(np.asarray(chains.best)[i], objective, best_value,
-                        float(np.asarray(chains.accepted).sum()) / (C * max(steps, 1)))
+    best = np.asarray(chains.best)
+    return AnnealResult(best[i], objective, best_value, float(np.asarray(chains.accepted).sum()) / (C * max(steps, 1)),
+                        best)

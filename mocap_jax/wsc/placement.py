@@ -16,7 +16,8 @@ Placements:
   possible, then each prefill instance where it adds the least TransferCost (depth-first with
   backtracking, then an exact packing if that fails).
 * :func:`random_placement` -- uniformly random free positions (with restarts).
-* :func:`anneal_placements` -- TransferCost minimised by :func:`~mocap_jax.wsc.placement_search.search_placement`.
+* :func:`anneal_placements` -- TransferCost minimised by the package's annealer
+  (:mod:`mocap_jax.search.anneal`; the moves are :class:`~mocap_jax.wsc.placement_search.LayoutProblem`'s).
 * :func:`exhaustive_placement` -- every layout of a small mesh (the true optimum).
 
 Their side-by-side comparison over alpha is :mod:`mocap_jax.wsc.placement_compare`.
@@ -26,6 +27,7 @@ Layouts and packing are in :mod:`mocap_jax.wsc.layout`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -34,35 +36,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..search.anneal import anneal
 from ..specs import SpecError
 from .geometry import hop_matrix, route_incidence
 from .hardware import WaferSpec
 from .layout import KINDS, Instance, Layout, check_alpha, check_mesh, check_request, enumerate_layouts, pack_instances
-from .placement_search import search_placement
+from .placement_search import LayoutContext, LayoutProblem, transfer_cost_arrays
 
 
 # --------------------------------------------------------------------------- TransferCost
-
-
-def transfer_cost_arrays(prefill_dies, decode_dies, hops, incidence, alpha, xp=jnp):
-    """TransferCost from centre dies (the array core, numpy or jax.numpy).
-
-    Args:
-      prefill_dies: ``[P]`` centre die of each prefill instance.
-      decode_dies: ``[Q]`` centre die of each decode instance (Q >= 1).
-      hops: ``[D, D]`` hop matrix.
-      incidence: ``[D, D, L]`` XY-route link incidence (:func:`~mocap_jax.wsc.geometry.route_incidence`).
-      alpha: shared-link factor (>= 1).
-
-    Returns:
-      (cost, link uses ``[L]``, nearest decode index ``[P]``).
-    """
-    dist = hops[prefill_dies][:, decode_dies]
-    nearest = xp.argmin(dist, axis=1)
-    routes = incidence[prefill_dies, decode_dies[nearest]]
-    use = xp.sum(routes.astype(xp.float64 if xp is np else jnp.result_type(float)), axis=0)
-    cost = xp.sum(xp.where(use > 0, use * xp.power(alpha, xp.maximum(use - 1, 0)), 0.0))
-    return cost, use, nearest
 
 
 @dataclass
@@ -253,18 +235,6 @@ def random_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_sha
     raise SpecError(f"no random layout of these instances found on {wafer.name} in {restarts} tries")
 
 
-def _positions_transfer_cost(pos, h, w, shared, alpha):
-    """TransferCost of encoded instance positions ``[N, 3]`` (the cost :func:`anneal_placements` minimises)."""
-    hops, incidence, is_pre, rows, cols = shared
-    die = jnp.clip(pos[:, 0] + (h - 1) // 2, 0, rows - 1) * cols + jnp.clip(pos[:, 1] + (w - 1) // 2, 0, cols - 1)
-    dist = hops[die][:, die]                                            # [N, N]
-    dist = jnp.where(is_pre[None, :], jnp.iinfo(jnp.int32).max, dist)   # targets must be decode instances
-    nearest = jnp.argmin(dist, axis=1)
-    routes = incidence[die, die[nearest]].astype(alpha.dtype)           # [N, L]
-    use = jnp.sum(jnp.where(is_pre[:, None], routes, 0.0), axis=0)
-    return jnp.sum(jnp.where(use > 0, use * alpha ** jnp.maximum(use - 1, 0), 0.0))
-
-
 @dataclass
 class AnnealResult:
     """Best layout of an annealing run, its TransferCost, each chain's best cost and the runtime."""
@@ -276,14 +246,15 @@ class AnnealResult:
 
 
 def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequence[float], chains: int = 32,
-                      steps: int = 2000, seed: int = 0, t_start: float = 2.0,
-                      t_end: float = 0.01) -> list[AnnealResult]:
-    """Simulated annealing of TransferCost for several alphas as one vmapped program.
+                      steps: int = 2000, seed: int = 0, t_start: float = 2.0, t_end: float = 0.01,
+                      devices: int | None = None) -> list[AnnealResult]:
+    """Simulated annealing of TransferCost for several alphas in one run of the package's annealer.
 
     For each ``alphas[k]``, ``chains`` chains run: one from ``starts[k]``, the others from
-    random layouts (shared by all alphas; ``starts[k]`` when none can be drawn).
-    Temperature cools geometrically from ``t_start`` to ``t_end`` (hop units).  A fixed
-    seed gives the same answer.
+    random layouts (shared by all alphas; ``starts[k]`` when none can be drawn).  Moves are
+    :class:`~mocap_jax.wsc.placement_search.LayoutProblem`'s.  Temperature cools geometrically
+    from ``t_start`` to ``t_end`` (hop units).  A fixed seed gives the same answer, however the
+    chains are split over ``devices`` (default: every local CPU device that divides them).
 
     Returns:
       one :class:`AnnealResult` per alpha (its best chain; never worse than its start).
@@ -296,15 +267,14 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
     for name, v in (("chains", chains), ("steps", steps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise SpecError(f"{name} must be a positive integer, got {v!r}")
+    if not (t_start > 0 and t_end > 0):
+        raise SpecError(f"annealing temperatures must be positive, got {t_start:g} and {t_end:g}")
     t0 = time.perf_counter()
     insts = list(starts[0].instances)
     pre = [i for i in insts if i.kind == "prefill"]
     dec = [i for i in insts if i.kind == "decode"]
     if not pre or not dec:
         return [AnnealResult(l, 0.0, [0.0], 0.0) for l in starts]
-    base_h = np.asarray([i.rows for i in insts])
-    base_w = np.asarray([i.cols for i in insts])
-    is_pre = np.asarray([i.kind == "prefill" for i in insts])
     sig = lambda i: (i.kind, frozenset([(i.rows, i.cols), (i.cols, i.rows)]))
 
     def encode(layout: Layout):
@@ -319,7 +289,12 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
                 raise SpecError("all start layouts must hold the same instances")
             inst = pool.pop(0)
             rows_.append((inst.row, inst.col, int((inst.rows, inst.cols) != (ref.rows, ref.cols))))
-        return np.asarray(rows_, dtype=np.int32)
+        return np.asarray(rows_, dtype=np.int32).reshape(-1)
+
+    def decode(x) -> Layout:
+        return Layout(wafer.rows, wafer.cols, tuple(
+            Instance(ref.kind, int(p[0]), int(p[1]), ref.cols if p[2] else ref.rows, ref.rows if p[2] else ref.cols)
+            for ref, p in zip(insts, np.asarray(x).reshape(-1, 3))))
 
     rng = np.random.default_rng(seed)
     p_shape, d_shape = (pre[0].rows, pre[0].cols), (dec[0].rows, dec[0].cols)
@@ -329,38 +304,41 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
             randoms.append(encode(random_placement(wafer, p_shape, len(pre), d_shape, len(dec), rng, restarts=50)))
         except SpecError:
             randoms.append(None)
-    pos0, alpha_c = [], []
-    for lay, a in zip(starts, alphas):
+    x0 = []
+    for lay in starts:
         own = encode(lay)
-        pos0 += [own] + [own if x is None else x for x in randoms]
-        alpha_c += [float(a)] * chains
+        x0 += [own] + [own if x is None else x for x in randoms]
     g = _Geometry(wafer)
-    best_pos, best_c = search_placement(
-        _positions_transfer_cost, (jnp.asarray(g.hops), jnp.asarray(g.incidence), jnp.asarray(is_pre),
-         jnp.asarray(wafer.rows), jnp.asarray(wafer.cols)),
-        jnp.asarray(alpha_c), np.stack(pos0), np.stack([base_h, base_w], axis=1), (wafer.rows, wafer.cols), steps,
-        seed, (t_start, t_end))
-    best_pos = best_pos.reshape(len(alphas), chains, len(insts), 3)
-    best_c = best_c.reshape(len(alphas), chains)
+    problem = LayoutProblem(tuple(i.rows for i in insts), tuple(i.cols for i in insts),
+                            tuple(i.kind == "prefill" for i in insts), wafer.rows, wafer.cols)
+    ctx = LayoutContext(hops=np.asarray(g.hops, np.int32), incidence=g.incidence,
+                        alpha=np.asarray(alphas, np.float32))
+    start_costs = [transfer_cost(wafer, lay, a).cost for lay, a in zip(starts, alphas)]
+    # the annealer's temperatures are relative to its reference objective: divided by it, they stay in hop units
+    reference = min(start_costs) if min(start_costs) > 0 else 1.0
+    res = anneal(problem, ctx, np.stack(x0), seed, steps=steps, t_start=t_start / reference,
+                 t_end=t_end / reference, reference=reference, devices=devices,
+                 steps_per_call=math.gcd(steps, 200))
     elapsed = time.perf_counter() - t0
     out = []
-    for a_i, a in enumerate(alphas):
-        k = int(np.argmin(best_c[a_i]))
-        layout = Layout(wafer.rows, wafer.cols, tuple(
-            Instance(ref.kind, int(p[0]), int(p[1]), ref.cols if p[2] else ref.rows, ref.rows if p[2] else ref.cols)
-            for ref, p in zip(insts, best_pos[a_i, k])))
-        cost = transfer_cost(wafer, layout, a).cost
-        out.append(AnnealResult(layout, cost, [float(c) for c in best_c[a_i]], elapsed))
+    for k, (a, start, start_cost) in enumerate(zip(alphas, starts, start_costs)):
+        layouts = [decode(x) for x in res.chain_states[k * chains:(k + 1) * chains]]
+        costs = [transfer_cost(wafer, lay, a).cost for lay in layouts]
+        best = int(np.argmin(costs))
+        # float32 objectives on the device: the exact float64 cost decides against the start
+        layout, cost = (layouts[best], costs[best]) if costs[best] <= start_cost else (start, start_cost)
+        out.append(AnnealResult(layout, cost, costs, elapsed))
     return out
 
 
 def anneal_placement(wafer: WaferSpec, layout0: Layout, alpha: float = 1.0, chains: int = 32, steps: int = 2000,
-                     seed: int = 0, t_start: float = 2.0, t_end: float = 0.01) -> AnnealResult:
+                     seed: int = 0, t_start: float = 2.0, t_end: float = 0.01,
+                     devices: int | None = None) -> AnnealResult:
     """Simulated annealing of TransferCost from ``layout0`` and ``chains - 1`` random layouts.
 
     See :func:`anneal_placements` (this is its one-alpha case).
     """
-    return anneal_placements(wafer, [layout0], [alpha], chains, steps, seed, t_start, t_end)[0]
+    return anneal_placements(wafer, [layout0], [alpha], chains, steps, seed, t_start, t_end, devices)[0]
 
 
 def exhaustive_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,

@@ -1,129 +1,151 @@
-"""Search over placements of rectangles on a grid: simulated annealing, all chains as one program.
+"""TransferCost as arrays, and instance placement as a problem of the package's annealer.
 
-:func:`search_placement` is the only entry point; the placement code calls it with the
-TransferCost of a layout.  Its interface -- a cost over placements, start placements (one per
-chain), the number of steps and a seed -- is all a replacement search needs to provide.
-
-A placement of ``N`` rectangles is an int array ``[N, 3]``: top-left ``(row, col)`` and a
-rotated flag (the rectangle is ``w x h`` instead of ``h x w``).  Moves: relocate one rectangle
-(random position and orientation), shift one by a die, and *region swap* -- move a rectangle
-onto a same-shaped target and every rectangle wholly inside the target into its old place (this
-keeps a fully packed grid valid, e.g. a 1x2 rectangle trades places with two 1x1 ones).  Invalid
-proposals (out of bounds, overlapping) are rejected before the cost is evaluated.  Temperatures
-cool geometrically; every chain keeps its best placement, so no chain returns worse than its start.
+:func:`transfer_cost_arrays` is the TransferCost of centre dies (numpy or jax.numpy).
+:class:`LayoutProblem` is WSC placement for :func:`mocap_jax.search.anneal.anneal`: a chain's
+state is a placement of ``N`` rectangles flattened from ``[N, 3]`` -- per instance the top-left
+``(row, col)`` and a rotated flag (the rectangle is ``w x h`` instead of ``h x w``) -- into a
+``[3 N]`` int vector.  Moves: relocate one rectangle (random position and orientation), shift one
+by a die, and *region swap* -- move a rectangle onto a same-shaped target and every rectangle
+wholly inside the target into its old place (this keeps a fully packed grid valid, e.g. a 1x2
+rectangle trades places with two 1x1 ones).  A proposal that leaves the grid or overlaps is
+invalid (the annealer rejects it).  The objective is the TransferCost of the proposal at its
+chain's alpha: the alphas are a table in the context and each chain's auxiliary state is its
+row of that table, which the objective returns unchanged.
 """
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs import SpecError
+from ..costs import pytree
+from ..search.anneal import randint
 
 Array = Any
+#: shifts of one die: up, down, left, right (row, col, rotated)
+SHIFTS = ((-1, 0, 0), (1, 0, 0), (0, -1, 0), (0, 1, 0))
 
 
-def search_placement(cost: Callable, shared: Any, per_chain: Any, starts: np.ndarray, shapes: np.ndarray,
-                     grid: tuple[int, int], steps: int, seed: int, temperatures: tuple[float, float] = (2.0, 0.01),
-                     rotate: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Minimise ``cost`` over placements by simulated annealing (``C`` chains at once).
+def transfer_cost_arrays(prefill_dies, decode_dies, hops, incidence, alpha, xp=jnp):
+    """TransferCost from centre dies (the array core, numpy or jax.numpy).
 
     Args:
-      cost: ``cost(positions [N, 3], heights [N], widths [N], shared, chain) -> scalar``, a
-        module-level JAX function (it is a static argument of the compiled search);
-        ``heights`` / ``widths`` are the oriented sizes.
-      shared: pytree of arrays every chain's cost reads (e.g. the hop matrix).
-      per_chain: pytree of arrays with a leading ``[C]`` axis (e.g. each chain's alpha).
-      starts: ``[C, N, 3]`` int start placement of each chain (valid).
-      shapes: ``[N, 2]`` int unrotated ``(h, w)`` of each rectangle.
-      grid: ``(rows, cols)``.
-      steps: proposals per chain.
-      seed: PRNG seed (the same seed gives the same answer).
-      temperatures: first and last temperature (cost units).
-      rotate: allow rotations (relocations draw a random orientation).
+      prefill_dies: ``[P]`` centre die of each prefill instance.
+      decode_dies: ``[Q]`` centre die of each decode instance (Q >= 1).
+      hops: ``[D, D]`` hop matrix.
+      incidence: ``[D, D, L]`` XY-route link incidence (:func:`~mocap_jax.wsc.geometry.route_incidence`).
+      alpha: shared-link factor (>= 1).
 
     Returns:
-      (best positions ``[C, N, 3]``, best costs ``[C]``), host arrays.
+      (cost, link uses ``[L]``, nearest decode index ``[P]``).
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise SpecError(f"steps must be a positive integer, got {steps!r}")
-    t_start, t_end = temperatures
-    if not (t_start > 0 and t_end > 0):
-        raise SpecError("annealing temperatures must be positive")
-    starts = np.asarray(starts, np.int32)
-    shapes = np.asarray(shapes, np.int32)
-    temps = np.geomspace(t_start, t_end, steps)
-    best, best_cost = _anneal(cost, shared, per_chain, jnp.asarray(starts), jax.random.PRNGKey(seed),
-                              jnp.asarray(shapes[:, 0]), jnp.asarray(shapes[:, 1]), jnp.asarray(temps),
-                              int(grid[0]), int(grid[1]), steps, int(bool(rotate)))
-    return np.asarray(best), np.asarray(best_cost)
+    dist = hops[prefill_dies][:, decode_dies]
+    nearest = xp.argmin(dist, axis=1)
+    routes = incidence[prefill_dies, decode_dies[nearest]]
+    use = xp.sum(routes.astype(xp.float64 if xp is np else jnp.result_type(float)), axis=0)
+    cost = xp.sum(xp.where(use > 0, use * xp.power(alpha, xp.maximum(use - 1, 0)), 0.0))
+    return cost, use, nearest
 
 
-@partial(jax.jit, static_argnames=("cost", "rows", "cols", "steps", "rotate"))
-def _anneal(cost, shared, per_chain, pos0, key, base_h, base_w, temps, rows, cols, steps, rotate):
-    n = base_h.shape[0]
-    rr = jnp.arange(rows)[:, None]
-    cc = jnp.arange(cols)[None, :]
+@pytree
+class LayoutContext:
+    """Numbers of a placement search.
 
-    def dims(pos):
-        rot = pos[:, 2] > 0
-        return jnp.where(rot, base_w, base_h), jnp.where(rot, base_h, base_w)
+    Fields:
+      hops: ``[D, D]`` int hop matrix of the wafer.
+      incidence: ``[D, D, L]`` uint8 XY-route link incidence.
+      alpha: ``[A]`` float32 shared-link factors; chain c anneals at ``alpha[aux_c]``.
+    """
 
-    def valid(pos):
-        h, w = dims(pos)
+    hops: Array
+    incidence: Array
+    alpha: Array
+
+
+@dataclass(frozen=True)
+class LayoutProblem:
+    """Annealing over placements of rectangles on a ``rows x cols`` grid (hashable).
+
+    Attributes:
+      heights, widths: unrotated size in dies of each of the ``N`` instances.
+      prefill: whether each instance is a prefill instance (else decode).
+      rows, cols: the grid.
+    """
+
+    heights: tuple[int, ...]
+    widths: tuple[int, ...]
+    prefill: tuple[bool, ...]
+    rows: int
+    cols: int
+
+    def initial_aux(self, ctx: LayoutContext, chains: int):
+        """Alpha row of each chain: the chains in ``len(alpha)`` equal consecutive groups."""
+        groups = np.asarray(ctx.alpha).shape[0]
+        return jnp.asarray(np.arange(chains) * groups // chains, jnp.int32)
+
+    def oriented(self, pos):
+        """``(heights [N], widths [N])`` of placement ``pos [N, 3]`` with its rotations applied."""
+        rotated = pos[:, 2] > 0
+        h, w = jnp.asarray(self.heights, jnp.int32), jnp.asarray(self.widths, jnp.int32)
+        return jnp.where(rotated, w, h), jnp.where(rotated, h, w)
+
+    def valid(self, pos):
+        """Whether every rectangle of ``pos [N, 3]`` lies on the grid and none overlap."""
+        h, w = self.oriented(pos)
         r, c = pos[:, 0], pos[:, 1]
-        inb = jnp.all((r >= 0) & (c >= 0) & (r + h <= rows) & (c + w <= cols))
-        m = ((rr[None] >= r[:, None, None]) & (rr[None] < (r + h)[:, None, None])
-             & (cc[None] >= c[:, None, None]) & (cc[None] < (c + w)[:, None, None]))
-        return inb & (jnp.max(jnp.sum(m, axis=0)) <= 1)
+        inside = jnp.all((r >= 0) & (c >= 0) & (r + h <= self.rows) & (c + w <= self.cols))
+        grid_r = jnp.arange(self.rows)[None, :, None]
+        grid_c = jnp.arange(self.cols)[None, None, :]
+        cover = ((grid_r >= r[:, None, None]) & (grid_r < (r + h)[:, None, None])
+                 & (grid_c >= c[:, None, None]) & (grid_c < (c + w)[:, None, None]))   # [N, rows, cols]
+        return inside & (jnp.max(jnp.sum(cover, axis=0)) <= 1)
 
-    def chain(p0, k, chain_args):
-        evaluate = lambda pos: cost(pos, *dims(pos), shared, chain_args)
-        c0 = evaluate(p0)
+    def propose(self, words, x, ctx: LayoutContext):
+        """One relocate, shift or region-swap move (a third each) of the placement ``x [3 N]``.
 
-        def step(carry, inp):
-            pos, c, best_pos, best_c = carry
-            k, temp = inp
-            ks = jax.random.split(k, 7)
-            i = jax.random.randint(ks[0], (), 0, n)
-            j = jax.random.randint(ks[1], (), 0, n)
-            move = jax.random.randint(ks[2], (), 0, 3)
-            rel = jnp.stack([jax.random.randint(ks[3], (), 0, rows), jax.random.randint(ks[4], (), 0, cols),
-                             jax.random.randint(ks[5], (), 0, 2) * rotate]).astype(pos.dtype)
-            d = jax.random.randint(ks[6], (), 0, 4)
-            shift = jnp.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]], dtype=pos.dtype)[d]
-            pi, pj = pos[i], pos[j]
-            relocated = pos.at[i].set(rel)
-            shifted = pos.at[i].add(shift)
-            # region swap: rectangle i moves to a target of its own (oriented) shape, and every
-            # rectangle lying wholly inside the target moves by the opposite offset into i's old place
-            h, w = dims(pos)
-            use_j = jax.random.bernoulli(jax.random.fold_in(k, 2))
-            tr = jnp.where(use_j, pj[0], rel[0])
-            tc = jnp.where(use_j, pj[1], rel[1])
-            inside = ((pos[:, 0] >= tr) & (pos[:, 0] + h <= tr + h[i]) & (pos[:, 1] >= tc)
-                      & (pos[:, 1] + w <= tc + w[i]) & (jnp.arange(n) != i))
-            offset = jnp.stack([pi[0] - tr, pi[1] - tc, jnp.zeros((), pos.dtype)])
-            swapped = jnp.where(inside[:, None], pos + offset, pos).at[i, :2].set(jnp.stack([tr, tc]))
-            prop = jnp.where(move == 0, relocated, jnp.where(move == 1, shifted, swapped))
-            ok = valid(prop)
-            cp = jnp.where(ok, evaluate(prop), jnp.inf)
-            u = jax.random.uniform(jax.random.fold_in(k, 1))
-            accept = ok & ((cp <= c) | (u < jnp.exp(-(cp - c) / temp)))
-            pos = jnp.where(accept, prop, pos)
-            c = jnp.where(accept, cp, c)
-            better = c < best_c
-            return (pos, c, jnp.where(better, pos, best_pos), jnp.where(better, c, best_c)), None
+        Word 0 picks the instance moved, word 1 the instance whose position a region swap may
+        target, word 2 a random position (its top and bottom 16 bits: row, column), word 3 the
+        move (bits 8 and up), shift direction (bits 0-1), orientation (bit 2) and whether the
+        region swap targets an instance's position or the random one (bit 3)."""
+        n = len(self.heights)
+        pos = x.reshape(n, 3)
+        i, j = randint(words[0], 0, n), randint(words[1], 0, n)
+        spot = jnp.stack([randint(words[2] >> 16, 0, self.rows), randint(words[2] & 0xFFFF, 0, self.cols),
+                          ((words[3] >> 2) & 1).astype(jnp.int32)])
+        move = randint(words[3] >> 8, 0, 3)
+        relocated = pos.at[i].set(spot)
+        shifted = pos.at[i].add(jnp.asarray(SHIFTS, jnp.int32)[(words[3] & 3).astype(jnp.int32)])
+        h, w = self.oriented(pos)
+        onto_instance = ((words[3] >> 3) & 1) == 1
+        top = jnp.where(onto_instance, pos[j, 0], spot[0])
+        left = jnp.where(onto_instance, pos[j, 1], spot[1])
+        within = ((pos[:, 0] >= top) & (pos[:, 0] + h <= top + h[i]) & (pos[:, 1] >= left)
+                  & (pos[:, 1] + w <= left + w[i]) & (jnp.arange(n) != i))
+        offset = jnp.stack([pos[i, 0] - top, pos[i, 1] - left, jnp.zeros((), jnp.int32)])
+        swapped = jnp.where(within[:, None], pos + offset, pos).at[i, :2].set(jnp.stack([top, left]))
+        proposal = jnp.where(move == 0, relocated, jnp.where(move == 1, shifted, swapped))
+        return proposal.reshape(-1), self.valid(proposal)
 
-        keys = jax.random.split(k, steps)
-        (_, _, best_pos, best_c), _ = jax.lax.scan(step, (p0, c0, p0, c0), (keys, temps))
-        return best_pos, best_c
+    def centre_dies(self, pos):
+        """``[N]`` centre die of each rectangle (clipped onto the grid, so invalid placements evaluate)."""
+        h, w = self.oriented(pos)
+        row = jnp.clip(pos[:, 0] + (h - 1) // 2, 0, self.rows - 1)
+        return row * self.cols + jnp.clip(pos[:, 1] + (w - 1) // 2, 0, self.cols - 1)
 
-    return jax.vmap(chain)(pos0, jax.random.split(key, pos0.shape[0]), per_chain)
+    def evaluate(self, xs, ctx: LayoutContext, aux):
+        """``(TransferCost [C] float32, aux)`` of placements ``xs [C, 3 N]`` at their chains' alphas."""
+        prefill = np.flatnonzero(self.prefill)
+        decode = np.flatnonzero(~np.asarray(self.prefill))
+
+        def one(x, alpha):
+            die = self.centre_dies(x.reshape(-1, 3))
+            return transfer_cost_arrays(die[prefill], die[decode], ctx.hops, ctx.incidence, alpha)[0]
+
+        return jax.vmap(one)(xs, ctx.alpha[aux]).astype(jnp.float32), aux
 
 
-__all__ = ["search_placement"]
+__all__ = ["transfer_cost_arrays", "LayoutContext", "LayoutProblem"]
