@@ -66,7 +66,7 @@ BAD = [
     (["simulate", "--seq-len", "100", "--partition", "50,0,50"], "partition"),
     (["simulate", "--model", "llama3.1-405b", "--hardware", "mocap-2x2"], "does not fit"),
     (["simulate", "--model", "/nonexistent/spec.json"], "cannot read spec file"),
-    (["simulate", "--scheme", "lbcp", "--tp", "2", "--hardware", "h100-x8"], "single-die"),
+    (["simulate", "--scheme", "lbcp", "--tp", "3", "--hardware", "h100-x8"], "does not divide"),
     # counts: signs, fractions, overflow
     (["simulate", "--seq-len", "-5"], "positive integer"),
     (["simulate", "--seq-len", "1.5"], "positive integer"),

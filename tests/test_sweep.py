@@ -112,7 +112,7 @@ def test_embedded_million_matches_file():
     ("[fixed]\nmodel = \"llama3-70b\"\nhardware = \"mocap-2x3\"\ntp = 4\n[grid]\nseq_len = [4096]\n",
      ["no rectangle of tp = 4 dies tiles the 2x3 grid", "mocap-2x3"]),
     ("[grid]\ntp = [0]\n", ["tp", "positive"]),
-    ("[grid]\nscheme = [\"lbcp\"]\nbatch = [\"auto\"]\ntp = [2]\n", ["lbcp", "tp must be 1"]),
+    ("[grid]\nscheme = [\"lbcp\"]\nbatch = [\"auto\"]\nhardware = [\"h100-x8\"]\ntp = [3]\n", ["tp = 3", "does not divide"]),
 ])
 def test_validation_errors_name_key_and_file(tmp_path, text, fragments, limit_traces):
     p = _write(tmp_path, text)

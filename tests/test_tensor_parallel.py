@@ -241,7 +241,7 @@ def test_cli_tp_bad_input(capsys):
         main(["max-seq", "-w", "h100-x8", "--tp", "0"])
     assert e.value.code == 2
     assert main(["max-batch", "-w", "h100-x8", "--tp", "4", "--scheme", "terapipe", "--stages", "4"]) == 2
-    assert main(["simulate", "-w", "h100-x8", "--tp", "2", "--scheme", "lbcp"]) == 2
+    assert main(["simulate", "-w", "h100-x8", "--tp", "2", "--scheme", "lbcp", "--partition", "1024"]) == 2
 
 
 # --------------------------------------------------------------------------- searched placement of stage groups
