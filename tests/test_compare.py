@@ -42,3 +42,14 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
 def test_study_settings_bad_input(kw, fragment):
     with pytest.raises(ValueError, match=fragment):
         StudyConfig(**kw)
+
+
+def test_the_chunk_count_assumption_sets_every_chunked_scheme():
+    """The claims' chunk-count variant reaches the uniform schemes and MOCAP's LBCP search alike."""
+    from mocap_jax.study import claims
+
+    variant = next(v for v in claims.variants() if v.name == "chunk count" and v.value == "M = 64")
+    st = claims._compare_settings(claims.reduced_setting(), variant, 65536)
+    assert st.chunks == 64 and st.plan.chunks == 64 and st.plan.granularity == 256
+    default = claims._compare_settings(claims.reduced_setting(), claims.Variant(), 65536)
+    assert default.chunks == default.plan.chunks == claims.ClaimSetting.chunks

@@ -234,23 +234,30 @@ def ledger(study_rows: list[dict], study_seq_rows: list[dict], default_rows: lis
     for cid, (text, paper, kind) in CLAIMS.items():
         row = {"claim": cid, "statement": text, "paper": paper, "ours_defaults": ours_default[cid],
                "ours_paper_setting": ours_paper[cid], "verdict": verdict(cid, ours_paper[cid])}
-        if sensitivity:
-            base = sensitivity["defaults"]["default"][cid]
-            spans = {}
-            for name, values in sensitivity.items():
-                if name == "defaults":
-                    continue
-                vals = [v[cid] for v in values.values() if v[cid] is not None] + ([base] if base is not None else [])
-                if vals:
-                    spans[name] = (min(vals), max(vals))
-            row["sensitivity_base"] = base
-            row["sensitivity"] = {k: list(v) for k, v in spans.items()}
-            if spans:
-                top = max(spans, key=lambda k: spans[k][1] - spans[k][0])
-                row["moved_most_by"] = top
-                row["moved_most_range"] = list(spans[top])
-        rows.append(row)
+        rows.append(with_sensitivity(row, sensitivity) if sensitivity else row)
     return rows
+
+
+def with_sensitivity(row: dict, sensitivity: dict) -> dict:
+    """A ledger row with the range of its claim under each assumption (its values and the default's)
+    and the assumption whose range is widest."""
+    cid = row["claim"]
+    base = sensitivity["defaults"]["default"][cid]
+    spans = {}
+    for name, values in sensitivity.items():
+        if name == "defaults":
+            continue
+        vals = [v[cid] for v in values.values() if v[cid] is not None] + ([base] if base is not None else [])
+        if vals:
+            spans[name] = (min(vals), max(vals))
+    row = {k: v for k, v in row.items() if k not in ("moved_most_by", "moved_most_range")}
+    row["sensitivity_base"] = base
+    row["sensitivity"] = {k: list(v) for k, v in spans.items()}
+    if spans:
+        top = max(spans, key=lambda k: spans[k][1] - spans[k][0])
+        row["moved_most_by"] = top
+        row["moved_most_range"] = list(spans[top])
+    return row
 
 
 def run_sensitivity(setting: ClaimSetting, log=None) -> dict:
@@ -313,5 +320,5 @@ def reduced_setting(lengths: dict | None = None) -> ClaimSetting:
 
 
 __all__ = ["CLAIMS", "ASSUMPTIONS", "ClaimSetting", "Variant", "variants", "claim_values", "ledger", "verdict",
-           "run_sensitivity", "format_ledger", "plot_sensitivity", "reduced_setting", "comparison_rows",
-           "max_seq_rows"]
+           "with_sensitivity", "run_sensitivity", "format_ledger", "plot_sensitivity", "reduced_setting",
+           "comparison_rows", "max_seq_rows"]
