@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..specs import get_model
 from ..study import claims
-from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table
+from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table, write_csv
 from .common import check_output_dir, dumps, progress, positive_int
 
 
@@ -33,6 +33,7 @@ def cmd_claims(args) -> int:
         ledger = data["ledger"]
         source = f"from {path} (written by mocap-jax reproduce; --run recomputes)"
     else:
+        out_dir = check_output_dir(args.results)
         cfg = StudyConfig(max_lengths=args.lengths, sensitivity=not args.no_sensitivity, seed=args.seed,
                           chunks=args.chunks, min_seq_len=args.min_seq_len)
         if args.models:
@@ -49,6 +50,10 @@ def cmd_claims(args) -> int:
                               settings=_settings(cfg, S))
                 rows += [{"model": model, "seq_len": S, "load_rps": out["load_rps"], **r} for r in out["schemes"]]
                 progress(f"claims: {model} S = {S:,} compared", args.quiet)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rows_path = out_dir / "claims_rows.csv"
+        write_csv(rows_path, rows)
+        progress(f"claims: comparison rows written to {rows_path}", args.quiet)
         ledger, _ = run_claims(cfg, rows, lengths_of, log=lambda m: progress(m, args.quiet))
         if not args.no_sensitivity:
             claims.plot_sensitivity(ledger, Path(args.figures) / "claims_sensitivity.png")
@@ -75,7 +80,8 @@ def register(sub, bench_sub) -> None:
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("claims", help="the MOCAP paper's headline claims against this simulator, with sensitivity")
-    p.add_argument("--results", default="results", help="where reproduce wrote claims.json")
+    p.add_argument("--results", default="results",
+                   help="where reproduce wrote claims.json (with --run: where claims_rows.csv goes)")
     p.add_argument("--figures", default="figures", help="where the tornado figure goes (with --run)")
     p.add_argument("--run", action="store_true", help="recompute instead of reading results/claims.json")
     p.add_argument("--models", default=None, help="comma-separated subset of the study models (with --run)")
