@@ -244,13 +244,11 @@ def cost_setting(model, hardware, seq_len, batch, granularity, stages, dtype, pl
     U = check_granularity(S, None, g)
     dt = check_dtype(dtype)
     if placement is None:
-        n = check_stages(m, hw, stages)
-        layout = StageLayout.snake(hw, n, bucket(n), dt)
-    else:
-        n = len(placement)
-        layout = stage_layout(hw, placement, bucket(n), dt)
+        placement = snake_placement(hw, check_stages(m, hw, stages))
+    n = len(placement)
     n_pad = bucket(n)
-    tables = cost_tables(ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt), layout, U, g, B, n_pad)
+    tables = cost_tables(ModelParams.from_spec(m, dt), HardwareParams.from_spec(hw, dt),
+                         stage_layout(hw, placement, n_pad, dt), U, g, B, n_pad)
     return CostSetting(m, hw, B, g, n, n_pad, dt, tables)
 
 
