@@ -119,6 +119,26 @@ class Stages(NamedTuple):
     live: Array
 
 
+def merge_ranks(lists):
+    """Position of every element of several sorted sequences in their merged order.
+
+    ``lists`` are 1-D arrays, each nondecreasing, given in tie order: at equal values an element
+    of an earlier list comes first, and within a list the lower index.  The merged order is the
+    stable sort of the concatenation by (value, list, index); counting the elements that precede
+    each one gives it without sorting (a comparison sort is the slowest operation XLA:CPU runs on
+    many small rows).  Returns one ``int32`` array of positions per list.
+    """
+    ranks = []
+    for p, x in enumerate(lists):
+        r = jnp.arange(x.shape[0], dtype=jnp.int32)
+        for q, y in enumerate(lists):
+            if q != p:
+                before = y[None, :] <= x[:, None] if q < p else y[None, :] < x[:, None]
+                r = r + jnp.sum(before, axis=1, dtype=jnp.int32)
+        ranks.append(r)
+    return ranks
+
+
 def _in_flight_activation(times, start, finish, activation, inclusive: bool):
     """Activation bytes of the item a stage is running at each of ``times`` (items sorted by start);
     ``inclusive``: an item starting exactly then already runs (it comes first in the event order)."""
@@ -145,15 +165,15 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     budget = jnp.where(okv, st.budget[sides], 1.0)
     weights = st.weights[sides]
 
-    # processing order: time, then releases before starts, then side a before b, then index (one sort)
+    # processing order: time, then releases before starts, then side a before b, then index
     T = 2 * E + 2 * G
     times_id = jnp.concatenate([start.reshape(-1), release.reshape(-1)])
     kind = jnp.concatenate([jnp.ones(2 * E, jnp.int32), jnp.zeros(2 * G, jnp.int32)])
     side = jnp.concatenate([jnp.zeros(E, jnp.int32), jnp.ones(E, jnp.int32), jnp.zeros(G, jnp.int32),
                             jnp.ones(G, jnp.int32)])
-    index = jnp.concatenate([jnp.arange(E), jnp.arange(E), jnp.arange(G), jnp.arange(G)]).astype(jnp.int32)
-    order = jnp.lexsort((index, side, kind, times_id))
-    rank = jnp.zeros(T, jnp.int32).at[order].set(jnp.arange(T, dtype=jnp.int32))
+    release_a, release_b, start_a, start_b = merge_ranks([release[0], release[1], start[0], start[1]])
+    rank = jnp.concatenate([start_a, start_b, release_a, release_b])
+    order = jnp.zeros(T, jnp.int32).at[rank].set(jnp.arange(T, dtype=jnp.int32))
 
     # event attributes by event id, then in processing order
     other_act = jnp.stack([_in_flight_activation(start[0], start[1], finish[1], act[1], inclusive=False),
@@ -167,23 +187,28 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     gid = jnp.arange(G)
 
     def step(state, e):
-        own, spilled = state                                   # [2, G]: own KV, KV hosted by the other side
+        # per side (a, b), [G] each: its own KV, and the KV it spilled to the other side
+        own_a, own_b, spilled_a, spilled_b = state
         x, starting, g, kv_e, act_e, act_other = e
-        y = 1 - x
-        local = own.sum(1) + spilled[::-1].sum(1)
-        moved, over = decide(local[x], kv_e, act_e, budget[x], local[y], act_other, budget[y], ok, p1, p2, spill)
+        on_b = x == 1                                          # the event is on side b
+        this = lambda va, vb: jnp.where(on_b, vb, va)
+        local_a, local_b = own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()
+        moved, over = decide(this(local_a, local_b), kv_e, act_e, this(budget[0], budget[1]),
+                             this(local_b, local_a), act_other, this(budget[1], budget[0]), ok, p1, p2, spill)
         moved = jnp.where(starting, moved, 0.0)
         over = starting & over
-        mine = (jnp.arange(2)[:, None] == x) & (gid[None, :] == g)
-        own = jnp.where(mine, jnp.where(starting, own + kv_e - moved, 0.0), own)
-        spilled = jnp.where(mine, jnp.where(starting, spilled + moved, 0.0), spilled)
-        held = own.sum(1) + spilled[::-1].sum(1)
-        in_flight = jnp.where(jnp.arange(2) == x, act_e, act_other)
+        group_g = gid == g
+        # a start adds the item's kept and moved KV to its group; a release frees the group
+        keep = lambda v, add: jnp.where(group_g, jnp.where(starting, v + add, 0.0), v)
+        own_a, own_b = this(keep(own_a, kv_e - moved), own_a), this(own_b, keep(own_b, kv_e - moved))
+        spilled_a, spilled_b = this(keep(spilled_a, moved), spilled_a), this(spilled_b, keep(spilled_b, moved))
+        held = jnp.stack([own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()])
+        in_flight = jnp.stack([this(act_e, act_other), this(act_other, act_e)])
         memory = jnp.where(starting, weights + held + in_flight, 0.0)
-        return (own, spilled), (moved, over, memory, held)
+        return (own_a, own_b, spilled_a, spilled_b), (moved, over, memory, held)
 
-    zeros = jnp.zeros((2, G), kv.dtype)
-    _, (moved, over, memory, held) = lax.scan(step, (zeros, zeros), ev)
+    zeros = jnp.zeros((G,), kv.dtype)
+    _, (moved, over, memory, held) = lax.scan(step, (zeros,) * 4, ev)
     by_id = lambda v: v[rank]                                  # back from processing order to event ids
     moved_items = by_id(moved)[: 2 * E].reshape(2, E)
     live = jnp.isfinite(times)
