@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ..costs import pytree
+from ..schedule.prefix import prefix_sum
 from .pairing import MBKRParams
 from .spills import Spills
 
@@ -92,7 +93,7 @@ def spill_costs(sp: Spills, start, finish, attention, group_first, mb: MBKRParam
     """
     N = start.shape[1]
     stage = jnp.arange(N)[None, :]
-    cum = jnp.cumsum(sp.moved, axis=0)
+    cum = prefix_sum(sp.moved)
     before = cum - sp.moved
     read_bytes = before - before[group_first]
     h = jnp.where(sp.host >= 0, sp.host, stage)

@@ -34,6 +34,7 @@ from ..mbkr.pairing import MBKRParams, partner_of
 from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills
 from ..schedule import memory
 from ..schedule.items import ItemTable
+from ..schedule.prefix import prefix_max
 from ..schedule.recurrence import finish_times, start_times
 from ..schedule.shape import Admission, MBKRMode, SimShape, Spill
 
@@ -176,7 +177,7 @@ class Structure:
         offsets = jnp.repeat(jnp.arange(nb) * K, K)
         self.group = jnp.tile(in_batch, nb) + jnp.repeat(jnp.arange(nb) * shape.groups, K)
         starts_group = jnp.concatenate([jnp.ones(1, bool), it.last[:-1]])
-        first = jax.lax.cummax(jnp.where(starts_group, slot, 0), axis=0)
+        first = prefix_max(jnp.where(starts_group, slot, 0))
         self.group_first = jnp.tile(first, nb) + offsets
 
 
@@ -194,7 +195,7 @@ def _summary(s: Structure, finish, times, shape: SimShape):
 
 def _filled(release, ends):
     """Release times with unused group slots repeating their predecessor (sorted along groups)."""
-    return jax.lax.cummax(jnp.where((ends >= 0)[:, None], release, -jnp.inf), axis=0)
+    return prefix_max(jnp.where((ends >= 0)[:, None], release, -jnp.inf))
 
 
 def _mbkr_pass(s: Structure, point: Point, shape: SimShape, finish, start):

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .shape import Release
+from .prefix import prefix_max, prefix_sum
 
 Array = Any
 
@@ -67,15 +68,15 @@ def held_before_start(start, kv, ends, release, group_first=None, policy: Releas
     of the starting item's own group (``group_first [E]``: the slot of each item's group's first
     item): no timeline is needed.
     """
-    cum = jnp.cumsum(kv, axis=0)                                                 # [E, N] through each item
+    cum = prefix_sum(kv)                                                 # [E, N] through each item
     before = cum - kv
     if policy == Release.STAGE and group_first is not None:
         return before - before[group_first]
     used = (ends >= 0)[:, None]
     through = jnp.where(used, cum[jnp.maximum(ends, 0)], 0.0)                   # [G, N]
     rel = jnp.where(used, release, -jnp.inf)
-    rel = jax.lax.cummax(rel, axis=0)
-    through = jax.lax.cummax(through, axis=0)
+    rel = prefix_max(rel)
+    through = prefix_max(through)
     G = ends.shape[0]
     if G <= 64:
         released = jnp.max(jnp.where(rel[None, :, :] <= start[:, None, :], through[None, :, :], 0.0), axis=1)
