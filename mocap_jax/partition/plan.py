@@ -96,7 +96,9 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
     res = anneal(problem, ctx, init, settings.seed, steps=settings.steps)
     wall = time.perf_counter() - t0
     starts = np.stack([uni, dp_units, res.x])
-    values, batches = evaluate_states(problem, starts, ctx, devices=1)
+    # scored by the search's own compiled program: as many rows as it has chains
+    rows = np.concatenate([starts, np.broadcast_to(res.x, (max(settings.chains - 3, 0), M))])
+    values, batches = (v[:3] for v in evaluate_states(problem, rows, ctx))
     best = int(np.argmin(values))
     batches = [int(b) for b in batches]
     label = ("uniform", "dp", "annealed")

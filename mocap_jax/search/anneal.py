@@ -181,40 +181,60 @@ def chain_devices(chains: int, devices: int | None = None) -> tuple:
 @functools.lru_cache(maxsize=64)
 def _programs(problem, devices: tuple, steps_per_call: int = 1):
     """The compiled step program (one step per call, or ``count`` steps in a loop when
-    ``steps_per_call > 1``) and batched evaluation for chains split over ``devices``, and where to
-    put inputs."""
-    evaluate = lambda xs, ctx, aux: problem.evaluate(xs, ctx, aux)
-
+    ``steps_per_call > 1``) for chains split over ``devices``, and where to put inputs."""
     def fn(chains, seed, schedule, ctx, count):
         if steps_per_call == 1:
             return step(problem, chains, seed, schedule, ctx)
         return jax.lax.fori_loop(0, count, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
 
     if len(devices) == 1:
-        return jax.jit(fn, donate_argnums=(0,)), jax.jit(evaluate), None, None
+        return jax.jit(fn, donate_argnums=(0,)), None, None
     mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
     rows, shared = PartitionSpec("chains"), PartitionSpec()
     chain_spec = Chains(x=rows, value=rows, best=rows, best_value=rows, accepted=rows, aux=rows, index=rows,
                         step=shared)
     stepped = jax.shard_map(fn, mesh=mesh, in_specs=(chain_spec, shared, shared, shared, shared),
                             out_specs=chain_spec, check_vma=False)
-    evaluated = jax.shard_map(evaluate, mesh=mesh, in_specs=(rows, shared, rows), out_specs=(rows, rows),
-                              check_vma=False)
     place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
                                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-    return (jax.jit(stepped, donate_argnums=(0,)), jax.jit(evaluated), place_rows, NamedSharding(mesh, shared))
+    return jax.jit(stepped, donate_argnums=(0,)), place_rows, NamedSharding(mesh, shared)
+
+
+class _Run(NamedTuple):
+    """A search's compiled step program and its inputs placed on the chains' devices."""
+
+    stepped: Any
+    put: Any
+    rows: Any
+    shared: Any
+    seed: Any
+    ctx: Any
+
+
+def _first_step(problem, x0, aux, ctx, seed: int, devices, steps_per_call: int) -> tuple[Chains, _Run]:
+    """Chains at ``x0 [C, D]`` after their first step, which evaluates ``x0`` itself (objectives
+    relative to 1; the cooling schedule does not enter it), and the run that took it."""
+    stepped, rows, shared = _programs(problem, chain_devices(x0.shape[0], devices), steps_per_call)
+    put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
+    run = _Run(stepped, put, rows, shared, put(np.uint32(seed), shared), put(ctx, shared))
+    first = Schedule(t_start=np.float32(1.0), t_end=np.float32(1.0), steps=np.int32(1), reference=np.float32(1.0))
+    chains = stepped(put(init(x0, aux), rows), run.seed, put(first, shared), run.ctx, put(np.int32(1), shared))
+    return chains, run
 
 
 def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``problem.evaluate`` of ``xs [C, D]`` (auxiliary states ``aux [C]``, default the problem's
-    ``initial_aux``) through the same compiled program the annealer uses: ``(values, aux)``."""
+    ``initial_aux``): ``(values [C], aux [C])``, values ``inf`` where infeasible (or at least
+    :data:`PENALTY`).
+
+    It runs the annealer's own step program (whose first step evaluates the states it starts
+    from), so scoring as many states over the same devices as a finished search compiles nothing.
+    """
     xs = np.asarray(xs, np.int32)
     aux = np.asarray(problem.initial_aux(ctx, xs.shape[0]) if aux is None else aux, np.int32)
-    _, evaluated, rows, shared = _programs(problem, chain_devices(xs.shape[0], devices))
-    if rows is not None:
-        xs, ctx, aux = jax.device_put(xs, rows.x), jax.device_put(ctx, shared), jax.device_put(aux, rows.x)
-    values, aux = evaluated(xs, ctx, aux)
-    return np.asarray(values), np.asarray(aux)
+    chains, _ = _first_step(problem, xs, aux, ctx, 0, devices, 1)
+    values = np.asarray(chains.value)
+    return np.where(values >= PENALTY, np.inf, values), np.asarray(chains.aux)
 
 
 def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02, t_end: float = 1e-4,
@@ -241,25 +261,22 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     C = x0.shape[0]
     if steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} must divide steps={steps}")
-    stepped, _, rows, shared = _programs(problem, chain_devices(C, devices), steps_per_call)
-    put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
-    schedule = lambda ref: put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
-                                        reference=np.float32(ref)), shared)
-    seed, ctx = put(np.uint32(seed), shared), put(ctx, shared)
-    one, many = put(np.int32(1), shared), put(np.int32(steps_per_call), shared)
     aux = np.asarray(problem.initial_aux(ctx, C), np.int32)
     # the first step evaluates the starting states (objectives relative to 1), which fix the reference
-    chains = stepped(put(init(x0, aux), rows), seed, schedule(1.0), ctx, one)
+    chains, run = _first_step(problem, x0, aux, ctx, seed, devices, steps_per_call)
+    stepped, put, rows, shared = run.stepped, run.put, run.rows, run.shared
     values = np.asarray(chains.value)
     finite = values[values < PENALTY]
     if reference is None:
         reference = float(finite.min()) if finite.size and finite.min() > 0 else 1.0
     chains = put(rescale(jax.device_get(chains), reference), rows)
-    cooling = schedule(reference)
+    cooling = put(Schedule(t_start=np.float32(t_start), t_end=np.float32(t_end), steps=np.int32(steps),
+                           reference=np.float32(reference)), shared)
+    many = put(np.int32(steps_per_call), shared)
     # the step loop runs in Python around one compiled program (objectives that loop internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
     for i in range(steps // steps_per_call):
-        chains = stepped(chains, seed, cooling, ctx, many)
+        chains = stepped(chains, run.seed, cooling, run.ctx, many)
         if (i + 1) % DISPATCH_AHEAD == 0:
             chains.value.block_until_ready()
     best_value = np.asarray(chains.best_value) * reference
