@@ -124,15 +124,15 @@ def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, 
     return jnp.max(jnp.where(link_bytes > 0, finish, 0.0), initial=0.0)
 
 
-def transfer_start(inp: ServingInputs, tr: TrafficState, p, outbound, latency, t):
-    """A KV transfer from prefill instance ``p`` of ``outbound [D]`` bytes per target die, starting at ``t``.
+def transfer_start(inp: ServingInputs, tr: TrafficState, routes, outbound, latency, t):
+    """A KV transfer from a prefill instance of ``outbound [D]`` bytes per target die, starting at ``t``.
 
-    Its bytes cross the links of the routes from every die of ``p`` (an equal share each) to
-    every target.  Returns (seconds, traffic state with the transfer recorded): isolated, the
+    ``routes [D, L]``: the instance's row of ``transfer_routes`` (its bytes cross the links of
+    the routes from every die of the instance, an equal share each, to every target).  Returns (seconds, traffic state with the transfer recorded): isolated, the
     most loaded link sets the time; with others in flight each link gives it its share.
     """
     cap = inp.traffic.link_capacity
-    link_bytes = outbound @ inp.traffic.transfer_routes[p]                       # [L]
+    link_bytes = outbound @ routes                                               # [L]
     busy = link_bytes > 0
     alone = jnp.max(jnp.where(busy, link_bytes / jnp.maximum(cap, 1e-30), 0.0), initial=0.0)
     demand = jnp.where(busy & (alone > 0), link_bytes / jnp.maximum(alone, 1e-30), 0.0)
