@@ -104,23 +104,41 @@ def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, 
 
     The iteration streams are taken as lasting; between consecutive ends of the other
     transfers the shares are constant, so each link's bytes are done at a piecewise-linear
-    pace and the last link to finish sets the time.
+    pace and the last link to finish sets the time.  The ``M + 1`` segments are walked as
+    unrolled elementwise ``[L]`` updates (``M`` is static and small), which fuse into a few loops
+    where sorted ``[M + 1, L]`` tables with cumulative sums and an arg-max over them would not.
     """
     cap, rule = inp.traffic.link_capacity, inp.traffic.rule
+    M = tr.transfer_end.shape[0]
     order = jnp.argsort(tr.transfer_end)
-    ends = jnp.maximum(tr.transfer_end[order], t)                                    # [M] ascending
-    starts = jnp.concatenate([jnp.reshape(t, (1,)), ends])                          # [M+1] segment starts
-    length = jnp.concatenate([ends - starts[:-1], jnp.full((1,), jnp.inf, ends.dtype)])
+    end_sorted = tr.transfer_end[order]
+    ends = jnp.maximum(end_sorted, t)                                                 # [M] ascending
+    starts = [jnp.asarray(t, ends.dtype)] + [ends[m] for m in range(M)]              # segment starts
+    lengths = [ends[m] - starts[m] for m in range(M)]                                 # the last is unbounded
     # in segment j the transfers ending after its start are live: a suffix of the sorted order
-    rows = jnp.where((tr.transfer_end[order] > t)[:, None], tr.transfer_link[order], 0.0)
-    live = jnp.concatenate([jnp.cumsum(rows[::-1], axis=0)[::-1], jnp.zeros_like(rows[:1])])   # [M+1, L]
-    rate = cap[None, :] * share(demand[None, :], tr.instance_link[None, :] + live, cap[None, :], rule)
-    moved = jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0)
-    done_before = jnp.cumsum(moved, axis=0) - moved                                          # bytes done before segment j
-    reached = (done_before + rate * length[:, None]) >= link_bytes[None, :]
-    j = jnp.argmax(reached, axis=0)                                                  # first segment that finishes
-    pick = lambda x: jnp.take_along_axis(x, j[None, :], axis=0)[0]
-    finish = starts[j] - t + (link_bytes - pick(done_before)) / jnp.maximum(pick(rate), 1e-30)
+    rows = jnp.where((end_sorted > t)[:, None], tr.transfer_link[order], 0.0)
+    live = [jnp.zeros_like(cap)] * (M + 1)
+    live[M - 1] = rows[M - 1]
+    for m in range(M - 2, -1, -1):
+        live[m] = live[m + 1] + rows[m]
+    rates = [cap * share(demand, tr.instance_link + live[j], cap, rule) for j in range(M + 1)]
+    # bytes done before each segment, and whether a link's bytes are done by its end
+    total = jnp.zeros_like(cap)
+    done_before, reached = [], []
+    for j in range(M + 1):
+        if j < M:
+            moved = jnp.where(jnp.isfinite(lengths[j]), rates[j] * lengths[j], 0.0)
+            total = total + moved
+            before = total - moved
+            done_before.append(before)
+            reached.append((before + rates[j] * lengths[j]) >= link_bytes)
+        else:
+            done_before.append(total)
+            reached.append((total + rates[j] * jnp.inf) >= link_bytes)
+    finish_in = lambda j: starts[j] - t + (link_bytes - done_before[j]) / jnp.maximum(rates[j], 1e-30)
+    finish = finish_in(0)                                           # the first segment that finishes sets it
+    for j in range(M, -1, -1):
+        finish = jnp.where(reached[j], finish_in(j), finish)
     return jnp.max(jnp.where(link_bytes > 0, finish, 0.0), initial=0.0)
 
 
