@@ -146,10 +146,14 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
 
 
 @partial(jax.jit, static_argnames=("sh",), donate_argnums=(0, 1))
-def _refill(inputs: ServingInputs, state, lanes, new_inputs: ServingInputs, sh: ServingShape):
-    """Lanes ``lanes [k]`` of a running batch start the new design points ``new_inputs [k, ...]``."""
-    fresh = jax.vmap(lambda x: initial_state(x, sh))(new_inputs)
-    put = lambda old, new: old.at[lanes].set(new)
+def _refill(inputs: ServingInputs, state, lane, new_inputs: ServingInputs, sh: ServingShape):
+    """Lane ``lane`` (a traced int32) of a running batch starts the design point ``new_inputs`` (no batch axis).
+
+    One point per call is one compiled program for any number of finished lanes; a program per
+    number of lanes compiles for seconds each, far longer than the refills run.
+    """
+    fresh = initial_state(new_inputs, sh)
+    put = lambda old, new: old.at[lane].set(new)
     return jax.tree_util.tree_map(put, inputs, new_inputs), jax.tree_util.tree_map(put, state, fresh)
 
 
@@ -210,17 +214,11 @@ class _LanePool:
         return out
 
     def _refill(self, lanes: list[int]) -> None:
-        new = [(g, self.waiting.pop(0)) for g in lanes if self.waiting]
-        if not new:
-            return
-        k = 1 << (len(new) - 1).bit_length()                     # a few distinct sizes, a few compiles
-        new = new + [new[-1]] * (k - len(new))
-        idx = jnp.asarray([g for g, _ in new], jnp.int32)
-        self.inputs, self.state = _refill(self.inputs, self.state, idx,
-                                          jax.tree_util.tree_map(jnp.asarray, stack_inputs([self.packed[p]
-                                                                                            for _, p in new])),
-                                          self.shape)
-        for g, p in new:
+        for g in lanes:
+            if not self.waiting:
+                return
+            p = self.waiting.pop(0)
+            self.inputs, self.state = _refill(self.inputs, self.state, np.int32(g), self.packed[p], self.shape)
             self.point[g] = p
             self.steps[g] = 0
             self.budget[g] = int(_step_budget(stack_inputs([self.packed[p]]), self.shape)[0])
