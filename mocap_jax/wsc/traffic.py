@@ -72,7 +72,21 @@ def set_instance_demand(tr: TrafficState, kind: str, index, link, dram) -> Traff
     return dataclasses.replace(
         tr, instance_link=jnp.maximum(tr.instance_link + delta_l, 0.0),
         instance_dram=jnp.maximum(tr.instance_dram + delta_d, 0.0),
-        **{f"{kind}_link": links.at[index].set(link, mode="drop"), f"{kind}_dram": drams.at[index].set(dram, mode="drop")})
+        **{f"{kind}_link": _set_rows(links, index, link), f"{kind}_dram": _set_rows(drams, index, dram)})
+
+
+def _set_rows(table, index, rows):
+    """``table.at[index].set(rows, mode="drop")`` for a scalar or a few distinct indices, as selects.
+
+    Vmapped, a row scatter into a carried table is a scatter with a built index array, and XLA
+    copies the table around it; a select over the table's rows fuses into one pass.
+    """
+    which = jnp.arange(table.shape[0])[:, None]
+    if not jnp.ndim(index):
+        return jnp.where(which == index, rows[None, :], table)
+    for r in range(index.shape[0]):
+        table = jnp.where(which == index[r], rows[r][None, :], table)
+    return table
 
 
 def iteration_shares(inp: ServingInputs, link_demand, dram_demand, link_others, dram_others, own, ring_uses):
