@@ -18,11 +18,27 @@ def prefix_sum(x, axis: int = 0):
 
 
 def first_true(mask, k: int, fill: int):
-    """Indices of the first ``k`` True entries of a 1-D ``mask`` (``fill`` where there are fewer)."""
+    """Indices of the first ``k`` True entries of a 1-D ``mask`` (``fill`` where there are fewer).
+
+    The ``j``-th True entry sits after the entries whose running count of Trues is at most ``j``;
+    counting them (a ``[k, n]`` comparison) avoids a scatter of ``n`` indices.
+    """
     n = mask.shape[0]
-    rank = prefix_sum(mask.astype(jnp.int32)) - 1
-    slot = jnp.where(mask & (rank < k), rank, k)
-    return jnp.full(k, fill, jnp.int32).at[slot].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+    count = prefix_sum(mask.astype(jnp.int32))
+    before = jnp.sum(count[None, :] <= jnp.arange(k, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
+    return jnp.where(before < n, before, fill).astype(jnp.int32)
+
+
+def select_from(values, index):
+    """``values[index]`` for a short 1-D ``values`` (static length) and any ``index`` array in range.
+
+    A chain of selects, one per entry of ``values``: on CPU a gather of many indices from a
+    few values costs far more.
+    """
+    out = jnp.broadcast_to(values[0], jnp.shape(index))
+    for j in range(1, values.shape[0]):
+        out = jnp.where(index == j, values[j], out)
+    return out
 
 
 def leading_true(mask):
@@ -32,4 +48,4 @@ def leading_true(mask):
     return jnp.where(jnp.all(mask), mask.shape[0], jnp.argmin(mask)).astype(jnp.int32)
 
 
-__all__ = ["prefix_sum", "first_true", "leading_true"]
+__all__ = ["prefix_sum", "first_true", "select_from", "leading_true"]

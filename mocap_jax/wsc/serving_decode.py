@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from ..costs import pytree
 from . import perf
 from . import traffic as tf
-from .arrays import first_true, leading_true, prefix_sum
+from .arrays import first_true, leading_true, prefix_sum, select_from
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_state import ServingState
 
@@ -187,10 +187,10 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
     jreq = jnp.where(jn, cand, 0)
     js, jo = req.prompt[jreq], req.output[jreq]
     crank = jnp.clip(rank, 0, A)
-    new_req = jnp.where(take, cand[crank], jnp.where(act2, sr, -1))
+    new_req = jnp.where(take, select_from(cand, crank), jnp.where(act2, sr, -1))
     new_gen = jnp.where(take, 1.0, jnp.where(act2, gen, 0.0)).astype(ft)
-    new_pr = jnp.where(take, js[crank], jnp.where(act2, prompt, 0.0))
-    new_out = jnp.where(take, jo[crank], jnp.where(act2, out, 0.0))
+    new_pr = jnp.where(take, select_from(js, crank), jnp.where(act2, prompt, 0.0))
+    new_out = jnp.where(take, select_from(jo, crank), jnp.where(act2, out, 0.0))
     head2 = head + n_adm
     if sh.remote:
         jfrac = st.requests.allocation[jreq] / ((js + jo) * c.kv_bytes_per_token)[:, None] * jn[:, None].astype(ft)

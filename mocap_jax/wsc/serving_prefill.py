@@ -60,7 +60,8 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
     """Placement of the prefilled requests at the head of ``p``'s queue, FCFS, until one does not fit.
 
     The loop carries only small arrays (the decisions of at most ``W`` placements, and the
-    transfer records of the contention model); the big tables are scattered after it.
+    transfer records of the contention model); the big tables are scattered after it, and what
+    does not change between placements (the instance's hops) is read once before it.
     """
     N, Q, W, D = sh.requests, sh.decode, sh.window, sh.dies
     req, lay, c = inp.requests, inp.layout, inp.cost
@@ -68,18 +69,20 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
     hw = c.hw
     own = lay.prefill_own[p]
     qidx = jnp.arange(Q, dtype=jnp.int32)
+    hop_key = lay.pair_hops[p] * Q + qidx
+    die_hops, die_internode = lay.prefill_die_hops[p], lay.prefill_die_internode[p]
 
     def cond(carry):
         k, _, _, _, _, pend, blocked, _, _ = carry
         return (k < W) & do & ~blocked & (pend > 0)
 
     def place(carry):
-        k, free, load, d_tail, head, pend, blocked, rec, tr = carry
+        k, free, load, d_tail, head, pend, blocked, rec, moving = carry
         i = st.prefill.queue[p, jnp.clip(head, 0, N - 1)]
         s_i, o_i = req.prompt[i], req.output[i]
         one = o_i <= 1.0
         lq = jnp.where(lay.decode_valid, load, _BIG)
-        key = jnp.where(lq == jnp.min(lq), lay.pair_hops[p] * Q + qidx, _BIG)  # fewest unfinished, hops, index
+        key = jnp.where(lq == jnp.min(lq), hop_key, _BIG)  # fewest unfinished, hops, index
         q = jnp.argmin(key).astype(jnp.int32)
         need = (s_i + o_i) * c.kv_bytes_per_token
         drop = ~one & (need > lay.allowed_capacity[p, q])
@@ -89,11 +92,13 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
         free = jnp.maximum(free - row, 0.0)
         tgt = (row > 0) & ~own
         moved = jnp.sum(jnp.where(tgt, row, 0.0))
-        hops = jnp.max(jnp.where(tgt, lay.prefill_die_hops[p], 0.0))
-        inter = jnp.max(jnp.where(tgt, lay.prefill_die_internode[p], 0.0))
+        hops = jnp.max(jnp.where(tgt, die_hops, 0.0))
+        inter = jnp.max(jnp.where(tgt, die_internode, 0.0))
         lat = jnp.maximum(hops * hw.link_latency_s, inter * hw.node_latency_s)
         if sh.contention:
-            seconds, tr = tf.transfer_start(inp, tr, p, jnp.where(tgt, row, 0.0), lat, t)
+            tr = dataclasses.replace(st.traffic, transfer_link=moving[0], transfer_end=moving[1], transfer_next=moving[2])
+            seconds, tr = tf.transfer_start(inp, tr, inp.traffic.transfer_routes[p], jnp.where(tgt, row, 0.0), lat, t)
+            moving = (tr.transfer_link, tr.transfer_end, tr.transfer_next)
         else:
             bw = jnp.where(inter > 0, hw.node_bandwidth, hw.link_bandwidth) * hw.eff_link
             seconds = jnp.where(moved > 0, lat + moved / (c.transfer_lanes * bw), 0.0)
@@ -105,13 +110,15 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
         d_tail = d_tail.at[q].add(placed.astype(jnp.int32))
         load = load.at[q].add(placed.astype(jnp.int32))
         pop = (kind > 0).astype(jnp.int32)
-        return k + 1, free, load, d_tail, head + pop, pend - pop, blocked | (kind == 0), rec, tr
+        return k + 1, free, load, d_tail, head + pop, pend - pop, blocked | (kind == 0), rec, moving
 
+    tr = st.traffic
     rec0 = {"row": jnp.zeros((W, D), ft), "i": jnp.full(W, N, jnp.int32), "q": jnp.full(W, Q, jnp.int32),
             "pos": jnp.zeros(W, jnp.int32), "ready": jnp.zeros(W, ft), "kind": jnp.zeros(W, jnp.int32)}
     carry = (jnp.zeros((), jnp.int32), st.totals.free, st.decode.load, st.decode.tail, st.prefill.head[p], pend0,
-             jnp.zeros((), bool), rec0, st.traffic)
-    _, free, load, d_tail, head, pend, _, rec, tr = jax.lax.while_loop(cond, place, carry)
+             jnp.zeros((), bool), rec0, (tr.transfer_link, tr.transfer_end, tr.transfer_next))
+    _, free, load, d_tail, head, pend, _, rec, moving = jax.lax.while_loop(cond, place, carry)
+    tr = dataclasses.replace(tr, transfer_link=moving[0], transfer_end=moving[1], transfer_next=moving[2])
     return free, load, d_tail, head, pend, rec, tr
 
 

@@ -72,7 +72,21 @@ def set_instance_demand(tr: TrafficState, kind: str, index, link, dram) -> Traff
     return dataclasses.replace(
         tr, instance_link=jnp.maximum(tr.instance_link + delta_l, 0.0),
         instance_dram=jnp.maximum(tr.instance_dram + delta_d, 0.0),
-        **{f"{kind}_link": links.at[index].set(link, mode="drop"), f"{kind}_dram": drams.at[index].set(dram, mode="drop")})
+        **{f"{kind}_link": _set_rows(links, index, link), f"{kind}_dram": _set_rows(drams, index, dram)})
+
+
+def _set_rows(table, index, rows):
+    """``table.at[index].set(rows, mode="drop")`` for a scalar or a few distinct indices, as selects.
+
+    Vmapped, a row scatter into a carried table is a scatter with a built index array, and XLA
+    copies the table around it; a select over the table's rows fuses into one pass.
+    """
+    which = jnp.arange(table.shape[0])[:, None]
+    if not jnp.ndim(index):
+        return jnp.where(which == index, rows[None, :], table)
+    for r in range(index.shape[0]):
+        table = jnp.where(which == index[r], rows[r][None, :], table)
+    return table
 
 
 def iteration_shares(inp: ServingInputs, link_demand, dram_demand, link_others, dram_others, own, ring_uses):
@@ -104,35 +118,53 @@ def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, 
 
     The iteration streams are taken as lasting; between consecutive ends of the other
     transfers the shares are constant, so each link's bytes are done at a piecewise-linear
-    pace and the last link to finish sets the time.
+    pace and the last link to finish sets the time.  The ``M + 1`` segments are walked as
+    unrolled elementwise ``[L]`` updates (``M`` is static and small), which fuse into a few loops
+    where sorted ``[M + 1, L]`` tables with cumulative sums and an arg-max over them would not.
     """
     cap, rule = inp.traffic.link_capacity, inp.traffic.rule
+    M = tr.transfer_end.shape[0]
     order = jnp.argsort(tr.transfer_end)
-    ends = jnp.maximum(tr.transfer_end[order], t)                                    # [M] ascending
-    starts = jnp.concatenate([jnp.reshape(t, (1,)), ends])                          # [M+1] segment starts
-    length = jnp.concatenate([ends - starts[:-1], jnp.full((1,), jnp.inf, ends.dtype)])
+    end_sorted = tr.transfer_end[order]
+    ends = jnp.maximum(end_sorted, t)                                                 # [M] ascending
+    starts = [jnp.asarray(t, ends.dtype)] + [ends[m] for m in range(M)]              # segment starts
+    lengths = [ends[m] - starts[m] for m in range(M)]                                 # the last is unbounded
     # in segment j the transfers ending after its start are live: a suffix of the sorted order
-    rows = jnp.where((tr.transfer_end[order] > t)[:, None], tr.transfer_link[order], 0.0)
-    live = jnp.concatenate([jnp.cumsum(rows[::-1], axis=0)[::-1], jnp.zeros_like(rows[:1])])   # [M+1, L]
-    rate = cap[None, :] * share(demand[None, :], tr.instance_link[None, :] + live, cap[None, :], rule)
-    moved = jnp.where(jnp.isfinite(length)[:, None], rate * length[:, None], 0.0)
-    done_before = jnp.cumsum(moved, axis=0) - moved                                          # bytes done before segment j
-    reached = (done_before + rate * length[:, None]) >= link_bytes[None, :]
-    j = jnp.argmax(reached, axis=0)                                                  # first segment that finishes
-    pick = lambda x: jnp.take_along_axis(x, j[None, :], axis=0)[0]
-    finish = starts[j] - t + (link_bytes - pick(done_before)) / jnp.maximum(pick(rate), 1e-30)
+    rows = jnp.where((end_sorted > t)[:, None], tr.transfer_link[order], 0.0)
+    live = [jnp.zeros_like(cap)] * (M + 1)
+    live[M - 1] = rows[M - 1]
+    for m in range(M - 2, -1, -1):
+        live[m] = live[m + 1] + rows[m]
+    rates = [cap * share(demand, tr.instance_link + live[j], cap, rule) for j in range(M + 1)]
+    # bytes done before each segment, and whether a link's bytes are done by its end
+    total = jnp.zeros_like(cap)
+    done_before, reached = [], []
+    for j in range(M + 1):
+        if j < M:
+            moved = jnp.where(jnp.isfinite(lengths[j]), rates[j] * lengths[j], 0.0)
+            total = total + moved
+            before = total - moved
+            done_before.append(before)
+            reached.append((before + rates[j] * lengths[j]) >= link_bytes)
+        else:
+            done_before.append(total)
+            reached.append((total + rates[j] * jnp.inf) >= link_bytes)
+    finish_in = lambda j: starts[j] - t + (link_bytes - done_before[j]) / jnp.maximum(rates[j], 1e-30)
+    finish = finish_in(0)                                           # the first segment that finishes sets it
+    for j in range(M, -1, -1):
+        finish = jnp.where(reached[j], finish_in(j), finish)
     return jnp.max(jnp.where(link_bytes > 0, finish, 0.0), initial=0.0)
 
 
-def transfer_start(inp: ServingInputs, tr: TrafficState, p, outbound, latency, t):
-    """A KV transfer from prefill instance ``p`` of ``outbound [D]`` bytes per target die, starting at ``t``.
+def transfer_start(inp: ServingInputs, tr: TrafficState, routes, outbound, latency, t):
+    """A KV transfer from a prefill instance of ``outbound [D]`` bytes per target die, starting at ``t``.
 
-    Its bytes cross the links of the routes from every die of ``p`` (an equal share each) to
-    every target.  Returns (seconds, traffic state with the transfer recorded): isolated, the
+    ``routes [D, L]``: the instance's row of ``transfer_routes`` (its bytes cross the links of
+    the routes from every die of the instance, an equal share each, to every target).  Returns (seconds, traffic state with the transfer recorded): isolated, the
     most loaded link sets the time; with others in flight each link gives it its share.
     """
     cap = inp.traffic.link_capacity
-    link_bytes = outbound @ inp.traffic.transfer_routes[p]                       # [L]
+    link_bytes = outbound @ routes                                               # [L]
     busy = link_bytes > 0
     alone = jnp.max(jnp.where(busy, link_bytes / jnp.maximum(cap, 1e-30), 0.0), initial=0.0)
     demand = jnp.where(busy & (alone > 0), link_bytes / jnp.maximum(alone, 1e-30), 0.0)
