@@ -34,7 +34,7 @@ def _bench_parser(sub):
     return bench.add_subparsers(dest="bench_target", metavar="TARGET", required=True, parser_class=Parser)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="mocap-jax",
         description="Vectorised simulator of prefill-only LLM inference (MOCAP) and serving (WSC-LLM) on wafer-scale chips.",

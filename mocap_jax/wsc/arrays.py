@@ -1,20 +1,15 @@
-"""Array primitives of the serving program that stay linear in the length of what they scan.
+"""Array primitives of the serving program that stay cheap on CPU over a decode batch's slots.
 
-``jnp.cumsum`` lowers to a full-length ``reduce_window`` on CPU, whose cost grows with the
-square of the length; over a decode batch's slots (hundreds) that dominates a scan step.
-These helpers use a log-depth associative scan or a single reduction instead (for a few
-entries, ``jnp.cumsum`` is cheaper: the scan's extra operations cost more than it saves).
+Prefix sums come from :mod:`mocap_jax.schedule.prefix` (an associative scan: ``jnp.cumsum``
+lowers to a reduce-window whose cost grows with the square of the length, which over hundreds of
+slots dominates a scan step); the helpers here count or select instead of scattering or gathering.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-
-def prefix_sum(x, axis: int = 0):
-    """Inclusive prefix sum along ``axis`` (``jnp.cumsum``), by an associative scan."""
-    return jax.lax.associative_scan(jnp.add, x, axis=axis)
+from ..schedule.prefix import prefix_sum
 
 
 def first_true(mask, k: int, fill: int):
@@ -48,4 +43,4 @@ def leading_true(mask):
     return jnp.where(jnp.all(mask), mask.shape[0], jnp.argmin(mask)).astype(jnp.int32)
 
 
-__all__ = ["prefix_sum", "first_true", "select_from", "leading_true"]
+__all__ = ["first_true", "select_from", "leading_true"]

@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from ..costs import pytree
+from ..schedule.prefix import prefix_sum
 from . import perf
 from . import traffic as tf
-from .arrays import first_true, leading_true, prefix_sum, select_from
+from .arrays import first_true, leading_true, select_from
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_state import ServingState
 
