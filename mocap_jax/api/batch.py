@@ -6,7 +6,7 @@ import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.batch import ALL_FIELDS, evaluate_points
-from ..schedule.items import chunked_items, gpipe_items, pad_items, uniform_partitions
+from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
 from ..specs import LIMITS, SpecError, checks
 from .config import DEFAULT_CHUNKS, resolve
@@ -83,6 +83,9 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     if scheme == "gpipe":
         items = gpipe_items(seq, bat, cfg.microbatch, slots)
     else:
-        items = pad_items(chunked_items(part, bat), slots)
+        sizes = np.zeros((P, slots), np.int32)
+        width = min(part.shape[1], slots)               # columns past the longest partition are zeros
+        sizes[:, :width] = part[:, :width]
+        items = Chunks(sizes=sizes, requests=bat.astype(np.int32))      # tables built on the device
     pts, axes = _items_axes(cfg.point(slots), items)
     return evaluate_points(pts, cfg.shape(slots), axes, P, tuple(fields), block=block_size)

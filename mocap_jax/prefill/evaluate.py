@@ -33,7 +33,7 @@ from ..mbkr.costs import spill_costs
 from ..mbkr.pairing import MBKRParams, partner_of
 from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills
 from ..schedule import memory
-from ..schedule.items import ItemTable
+from ..schedule.items import Chunks, ItemTable
 from ..schedule.prefix import prefix_max
 from ..schedule.recurrence import finish_times, start_times
 from ..schedule.shape import Admission, MBKRMode, SimShape, Spill
@@ -46,14 +46,15 @@ class Point:
     """Everything numeric about one configuration (a pytree of traced leaves).
 
     Fields:
-      items: :class:`ItemTable` of one batch (``[K]`` fields).
+      items: :class:`ItemTable` of one batch (``[K]`` fields), or :class:`Chunks` of a chunked
+        batch, whose table is built here (inside the compiled program).
       model: :class:`ModelParams`.
       hardware: :class:`HardwareParams`.
       layout: :class:`StageLayout` (number of stages, hand-off routes).
       mbkr: :class:`MBKRParams` (unused when the shape's MBKR mode is off).
     """
 
-    items: ItemTable
+    items: ItemTable | Chunks
     model: ModelParams
     hardware: HardwareParams
     layout: StageLayout
@@ -116,6 +117,11 @@ class Evaluation:
     overflow: Array
 
 
+def item_table_of(point: Point) -> ItemTable:
+    """The point's item table (built from its chunks when it carries :class:`Chunks`)."""
+    return point.items.table() if isinstance(point.items, Chunks) else point.items
+
+
 def timeline(times, handoff, shape: SimShape):
     """Finish and start times ``[E, N]`` of ``shape.batches`` batches of items run back to back.
 
@@ -150,7 +156,7 @@ class Structure:
 
     def __init__(self, point: Point, shape: SimShape):
         K, N, nb = shape.items, shape.stages, shape.batches
-        model, hw, layout, it = point.model, point.hardware, point.layout, point.items
+        model, hw, layout, it = point.model, point.hardware, point.layout, item_table_of(point)
         dt = model.hidden.dtype
         self.n = layout.num_stages
         self.live = jnp.arange(N) < self.n

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import pytree
+from .prefix import prefix_max, prefix_sum
 
 Array = Any
 
@@ -49,13 +50,17 @@ def _xp(x):
 
 
 def _cummax(x, xp):
-    return np.maximum.accumulate(x, axis=-1) if xp is np else jax.lax.cummax(x, axis=x.ndim - 1)
+    return np.maximum.accumulate(x, axis=-1) if xp is np else prefix_max(x, axis=x.ndim - 1)
 
 
 def _cummin_reverse(x, xp):
     if xp is np:
         return np.minimum.accumulate(x[..., ::-1], axis=-1)[..., ::-1]
-    return jax.lax.cummin(x, axis=x.ndim - 1, reverse=True)
+    return -prefix_max(-x[..., ::-1], axis=x.ndim - 1)[..., ::-1]
+
+
+def _cumsum(x, xp):
+    return np.cumsum(x, axis=-1) if xp is np else prefix_sum(x, axis=x.ndim - 1)
 
 
 def item_table(tokens, requests, group) -> ItemTable:
@@ -84,7 +89,7 @@ def item_table(tokens, requests, group) -> ItemTable:
     last = valid & ((nxt != group) | ~nxt_valid)
     group_last = _cummin_reverse(xp.where(last | ~valid, slot, K), xp)
     group_last = xp.where(valid, group_last, slot)
-    total = xp.cumsum(tokens, axis=-1)
+    total = _cumsum(tokens, xp)
     before_group = xp.take_along_axis(total - tokens, first, axis=-1)
     prefix = xp.where(valid, total - tokens - before_group, 0)
     return ItemTable(tokens=tokens.astype(np.int32), prefix=prefix.astype(np.int32),
@@ -103,6 +108,26 @@ def chunked_items(partition, batch) -> ItemTable:
     partition = xp.asarray(partition)
     requests = xp.broadcast_to(xp.asarray(batch)[..., None], partition.shape)
     return item_table(partition, requests, xp.zeros(partition.shape, np.int32))
+
+
+@pytree
+class Chunks:
+    """Chunked batches before their item tables are built: one request group each, so a table
+    follows from the chunk sizes and the batch alone.  Evaluating programs build the table
+    inside the compiled program (:meth:`table`), so many configurations cross to the device as two
+    small arrays and the host builds nothing.
+
+    Fields:
+      sizes: ``[..., K]`` int chunk tokens per request, zeros after the last chunk.
+      requests: ``[...]`` int requests in the batch.
+    """
+
+    sizes: Array
+    requests: Array
+
+    def table(self) -> ItemTable:
+        """The :class:`ItemTable` of :func:`chunked_items`."""
+        return chunked_items(self.sizes, self.requests)
 
 
 def gpipe_items(seq_len, batch, microbatch, slots: int, xp=np) -> ItemTable:

@@ -35,7 +35,7 @@ from ..partition.objectives import OBJECTIVES
 from ..prefill.batch import evaluate_many
 from ..prefill.evaluate import Point
 from ..prefill.points import MBKRSettings, stage_routes
-from ..schedule.items import chunked_items, gpipe_items, uniform_partitions
+from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape
 from ..serving.arrivals import arrival_times
 from ..serving.e2e import ServingShape, e2e_latency
@@ -130,7 +130,7 @@ def block_inputs(key: tuple, r, cache: TemplateCache, size: int):
         for m in np.unique(M):
             rows = M == m
             part_pad[rows, :m] = uniform_partitions(seq[rows], int(m))
-        items = chunked_items(part_pad, batch)
+        items = Chunks(sizes=part_pad.astype(np.int32), requests=batch.astype(np.int32))   # tables built on the device
     model = _gather([cache.params(m) for m in r.models], r.codes["model"][pad])
     hardware = _gather([cache.params(h) for h in r.hw_specs], r.hw_inv[pad])
     # routes: per unique (hardware combination, stages, placement, scheme, pairing, tensor-parallel degree)
