@@ -165,7 +165,8 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     budget = jnp.where(okv, st.budget[sides], 1.0)
     weights = st.weights[sides]
 
-    # processing order: time, then releases before starts, then side a before b, then index
+    # processing order: time, then releases before starts, then side a before b, then index; each
+    # sequence is sorted (a stage starts its items and releases its groups in order), so counting merges them
     T = 2 * E + 2 * G
     times_id = jnp.concatenate([start.reshape(-1), release.reshape(-1)])
     kind = jnp.concatenate([jnp.ones(2 * E, jnp.int32), jnp.zeros(2 * G, jnp.int32)])
