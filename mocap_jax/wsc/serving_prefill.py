@@ -71,6 +71,9 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
     qidx = jnp.arange(Q, dtype=jnp.int32)
     hop_key = lay.pair_hops[p] * Q + qidx
     die_hops, die_internode = lay.prefill_die_hops[p], lay.prefill_die_internode[p]
+    # the loop carries the transfer records only, not the whole traffic state
+    records = lambda tr: (tr.transfer_link, tr.transfer_end, tr.transfer_next)
+    with_records = lambda r: dataclasses.replace(st.traffic, transfer_link=r[0], transfer_end=r[1], transfer_next=r[2])
 
     def cond(carry):
         k, _, _, _, _, pend, blocked, _, _ = carry
@@ -96,9 +99,9 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
         inter = jnp.max(jnp.where(tgt, die_internode, 0.0))
         lat = jnp.maximum(hops * hw.link_latency_s, inter * hw.node_latency_s)
         if sh.contention:
-            tr = dataclasses.replace(st.traffic, transfer_link=moving[0], transfer_end=moving[1], transfer_next=moving[2])
-            seconds, tr = tf.transfer_start(inp, tr, inp.traffic.transfer_routes[p], jnp.where(tgt, row, 0.0), lat, t)
-            moving = (tr.transfer_link, tr.transfer_end, tr.transfer_next)
+            seconds, tr = tf.transfer_start(inp, with_records(moving), inp.traffic.transfer_routes[p],
+                                            jnp.where(tgt, row, 0.0), lat, t)
+            moving = records(tr)
         else:
             bw = jnp.where(inter > 0, hw.node_bandwidth, hw.link_bandwidth) * hw.eff_link
             seconds = jnp.where(moved > 0, lat + moved / (c.transfer_lanes * bw), 0.0)
@@ -112,14 +115,12 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
         pop = (kind > 0).astype(jnp.int32)
         return k + 1, free, load, d_tail, head + pop, pend - pop, blocked | (kind == 0), rec, moving
 
-    tr = st.traffic
     rec0 = {"row": jnp.zeros((W, D), ft), "i": jnp.full(W, N, jnp.int32), "q": jnp.full(W, Q, jnp.int32),
             "pos": jnp.zeros(W, jnp.int32), "ready": jnp.zeros(W, ft), "kind": jnp.zeros(W, jnp.int32)}
     carry = (jnp.zeros((), jnp.int32), st.totals.free, st.decode.load, st.decode.tail, st.prefill.head[p], pend0,
-             jnp.zeros((), bool), rec0, (tr.transfer_link, tr.transfer_end, tr.transfer_next))
+             jnp.zeros((), bool), rec0, records(st.traffic))
     _, free, load, d_tail, head, pend, _, rec, moving = jax.lax.while_loop(cond, place, carry)
-    tr = dataclasses.replace(tr, transfer_link=moving[0], transfer_end=moving[1], transfer_next=moving[2])
-    return free, load, d_tail, head, pend, rec, tr
+    return free, load, d_tail, head, pend, rec, with_records(moving)
 
 
 def prefill_event(inp: ServingInputs, st: ServingState, p, t, do, sh: ServingShape) -> ServingState:

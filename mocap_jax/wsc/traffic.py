@@ -160,8 +160,9 @@ def transfer_start(inp: ServingInputs, tr: TrafficState, routes, outbound, laten
     """A KV transfer from a prefill instance of ``outbound [D]`` bytes per target die, starting at ``t``.
 
     ``routes [D, L]``: the instance's row of ``transfer_routes`` (its bytes cross the links of
-    the routes from every die of the instance, an equal share each, to every target).  Returns (seconds, traffic state with the transfer recorded): isolated, the
-    most loaded link sets the time; with others in flight each link gives it its share.
+    the routes from every die of the instance, an equal share each, to every target).  Returns
+    (seconds, traffic state with the transfer recorded): isolated, the most loaded link sets the
+    time; with others in flight each link gives it its share.
     """
     cap = inp.traffic.link_capacity
     link_bytes = outbound @ routes                                               # [L]
