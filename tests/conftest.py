@@ -1,13 +1,16 @@
 """Test set-up: eight fake CPU devices so sharded code paths run, and float64 available.
 
 Set before JAX is imported anywhere.  Tests that compare float32 with float64 pass
-dtypes explicitly; the package's default stays float32.
+dtypes explicitly; the package's default stays float32.  The persistent compilation cache is off
+(the commands tests run would otherwise write to the user's cache folder; a run-wide cache saved
+no time, since nearly every program is compiled by one test only).
 """
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MOCAP_JAX_CACHE_DIR", "off")
 
 import ast  # noqa: E402
 import inspect  # noqa: E402

@@ -160,3 +160,22 @@ def test_placement_on_a_large_mesh_answers_quickly(capsys):
     code, out, _ = run(["placement", "--hardware", "mocap-60x60", "--stages", "16", "--json"], capsys)
     d = json.loads(out)
     assert code == 0 and len(d["placement"]) == 16 and d["searched"]["cost"] <= d["snake"]["cost"]
+
+
+def test_compile_cache_is_filled_once_and_reused_by_a_later_process(tmp_path):
+    """A second process finds every program the first compiled (stable keys: no new entries) and
+    prints the same result; a folder that cannot be created is bad input."""
+    cache = tmp_path / "xla"
+    cmd = [sys.executable, "-m", "mocap_jax", "--compile-cache", str(cache), "simulate", "--seq-len", "8192",
+           "--chunks", "4", "--json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    entries = sorted(p.name for p in cache.glob("*-cache"))
+    assert first.returncode == 0 and entries
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert sorted(p.name for p in cache.glob("*-cache")) == entries
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    bad = subprocess.run([sys.executable, "-m", "mocap_jax", "--compile-cache", str(blocked / "xla"), "models"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--compile-cache" in bad.stderr and "Traceback" not in bad.stderr

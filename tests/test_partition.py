@@ -3,6 +3,7 @@ force of the full objective, the annealer's determinism and device-split invaria
 
 import itertools
 
+import jax
 import numpy as np
 import pytest
 
@@ -116,10 +117,16 @@ def test_own_batch_search_is_exact():
     _, batches = evaluate_states(problem, allp, ctx)
     from mocap_jax.api.search import feasible_batches
 
-    for part, b in zip(allp, batches):
+    expect = []
+    for part in allp:
         one = cfg.__class__(**{**cfg.__dict__, "partition": part * g})
         ok = feasible_batches(one, np.arange(1, 17), 4)
-        assert b == (int(np.max(np.nonzero(ok)[0])) + 1 if ok.any() else 0)
+        expect.append(int(np.max(np.nonzero(ok)[0])) + 1 if ok.any() else 0)
+    np.testing.assert_array_equal(batches, expect)
+    # the search is exact from any starting hint: far below, far above, and scattered around B'
+    search = jax.jit(lambda xs, hint: problem.batches(xs, ctx, hint)[0])
+    for hint in (np.ones(16), np.full(16, 16), rng.integers(0, 20, 16), np.asarray(expect) + rng.integers(-2, 3, 16)):
+        np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect)
 
 
 def test_annealing_is_deterministic_and_independent_of_the_device_split():

@@ -42,6 +42,10 @@ def build_parser() -> Parser:
     from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"mocap-jax {__version__}")
+    parser.add_argument("--compile-cache", metavar="DIR", default=None,
+                        help="keep compiled programs in DIR between runs ('off' disables; default "
+                             "$MOCAP_JAX_CACHE_DIR or ~/.cache/mocap_jax/xla; benchmarks run without "
+                             "it unless given, so their compile times are cold)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     bench_sub = _bench_parser(sub)
     for name in COMMAND_MODULES:
@@ -61,6 +65,21 @@ def _use_all_cpu_cores() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
+def _use_compile_cache(args) -> None:
+    """The persistent compilation cache (``mocap_jax.api.compile_cache``), set before anything is
+    compiled: on for every command, except benchmarks unless ``--compile-cache`` names a folder."""
+    from ..api.compile_cache import cache_dir_of, disable_compilation_cache, enable_compilation_cache
+
+    choice = args.compile_cache
+    if choice is not None:
+        if enable_compilation_cache(choice) is None and cache_dir_of(choice) is not None:
+            raise ValueError(f"--compile-cache {choice}: cannot create that folder; name a writable one or 'off'")
+    elif args.command == "bench":
+        disable_compilation_cache()
+    else:
+        enable_compilation_cache()
+
+
 def _fail(args, message: str) -> int:
     """One line on stderr, exit code 2."""
     command = " ".join(x for x in (getattr(args, "command", None), getattr(args, "wsc_command", None),
@@ -74,6 +93,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _use_compile_cache(args)
         code = args.func(args)
     except BrokenPipeError:                   # the reader (e.g. head) closed the pipe: nothing more to say
         return 0
