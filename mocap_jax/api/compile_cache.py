@@ -5,7 +5,7 @@ Most of a short command's wall time is XLA compiling the evaluator (``mocap-jax 
 1.8 s of which is importing).  This turns on JAX's own persistent cache, whose key covers the
 program, its compile options, the XLA flags, the jax/jaxlib versions and the device, so a hit is
 the executable the compiler would have produced.  Entries are written under a file lock
-(``filelock``), so concurrent processes (a multi-process sweep, test workers) share one folder,
+(``filelock``), so concurrent processes (e.g. a multi-process sweep) share one folder,
 and the folder is kept under ``max_bytes`` by evicting the least recently used programs.
 
 Where: ``$MOCAP_JAX_CACHE_DIR`` if set (``off`` disables the cache), else

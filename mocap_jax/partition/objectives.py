@@ -82,10 +82,9 @@ def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: in
     else spread evenly over the bracket.  The slots are handed out by rank among the open
     partitions, so a pass costs the same however few remain, and those few get more batches each.
     On the annealing benchmark (1,024 chains) a step takes two or three passes, where rounds of
-    four batches for every partition took five rounds of twice the size.
-    Exact when feasibility is monotone in the batch.  The
-    evaluator appears once in the traced program (inside the loop), and the fields at B' are kept
-    from the pass that found it, so no final evaluation is needed.
+    four batches for every partition took five rounds of twice the size.  Exact when feasibility
+    is monotone in the batch.  The evaluator appears once in the traced program (inside the loop),
+    and the fields at B' are kept from the pass that found it, so no final evaluation is needed.
     """
     C, M = partitions.shape
     names = ("feasible",) + tuple(f for f in fields if f != "feasible")
@@ -120,10 +119,10 @@ def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: in
         cand = jnp.clip(cand, jnp.maximum(l + 1, 1), jnp.minimum(u - 1, max_batch))
         cand = jnp.where(used, cand, 1).astype(jnp.int32)           # idle slots: any valid batch
         out = evaluate_at(chain, cand)
-        # back to chains: chain c's batches sit at slots rank_c * width + k, k < width
-        taken = open_ & (count - 1 < slots // width)
-        at = jnp.minimum((count - 1)[:, None] * width + offsets[None, :], slots - 1)     # [C, window]
-        mine = taken[:, None] & (offsets[None, :] < width) & used[at]
+        # back to chains: open chain c's batches sit at slots rank_c * width + k, k < width (every
+        # open chain has its slots: there are at most C open chains and width <= 2C / open)
+        at = jnp.clip((count - 1)[:, None] * width + offsets[None, :], 0, slots - 1)     # [C, window]
+        mine = open_[:, None] & (offsets[None, :] < width)
         tried = cand[at]
         ok = mine & out["feasible"][at]
         top = jnp.max(jnp.where(ok, tried, 0), axis=1)
