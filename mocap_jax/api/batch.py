@@ -6,11 +6,11 @@ import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.batch import ALL_FIELDS, evaluate_points
+from ..prefill.points import batched_items
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
 from ..specs import LIMITS, SpecError, checks
 from .config import DEFAULT_CHUNKS, resolve
-from .search import _items_axes
 
 #: the fields ``simulate_batch`` returns by default (every field of the evaluation but the timeline arrays)
 DEFAULT_FIELDS = tuple(f for f in ALL_FIELDS if f not in ("finish", "start", "item_times", "moved", "extra", "block",
@@ -83,9 +83,6 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     if scheme == "gpipe":
         items = gpipe_items(seq, bat, cfg.microbatch, slots)
     else:
-        sizes = np.zeros((P, slots), np.int32)
-        width = min(part.shape[1], slots)               # columns past the longest partition are zeros
-        sizes[:, :width] = part[:, :width]
-        items = Chunks(sizes=sizes, requests=bat.astype(np.int32))      # tables built on the device
-    pts, axes = _items_axes(cfg.point(slots), items)
+        items = Chunks.padded(part, bat, slots)                          # tables built on the device
+    pts, axes = batched_items(cfg.point(slots), items)
     return evaluate_points(pts, cfg.shape(slots), axes, P, tuple(fields), block=block_size)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.batch import evaluate_points
-from ..prefill.evaluate import Point
-from ..schedule.items import ItemTable, chunked_items, gpipe_items, pad_items, uniform_partitions
+from ..prefill.points import batched_items
+from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
 from ..specs import LIMITS, SpecError, checks
 from .config import Config, resolve
@@ -42,24 +41,14 @@ def largest_true(feasible_fn, lo: int, hi: int, grid: int = GRID) -> int:
     return best
 
 
-def _items_axes(point: Point, items: ItemTable):
-    """``(points, axes)`` evaluating the stacked ``items`` against ``point``'s other numbers."""
-    pts = Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)
-    none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
-    axes = Point(items=jax.tree_util.tree_map(lambda _: 0, items), model=none(point.model),
-                 hardware=none(point.hardware), layout=none(point.layout), mbkr=none(point.mbkr))
-    return pts, axes
-
-
 def feasible_batches(cfg: Config, batches: np.ndarray, slots: int) -> np.ndarray:
     """Whether ``cfg`` fits at each of ``batches`` (``slots`` item slots for every candidate)."""
     batches = np.asarray(batches, np.int64)
     if cfg.scheme == "gpipe":
         items = gpipe_items(cfg.seq_len, batches, cfg.microbatch, slots)
     else:
-        items = pad_items(chunked_items(np.broadcast_to(cfg.partition, (len(batches), len(cfg.partition))), batches),
-                          slots)
-    pts, axes = _items_axes(cfg.point(slots), items)
+        items = Chunks.padded(np.broadcast_to(cfg.partition, (len(batches), len(cfg.partition))), batches, slots)
+    pts, axes = batched_items(cfg.point(slots), items)
     out = evaluate_points(pts, cfg.shape(slots), axes, len(batches), ("feasible",))
     return out["feasible"]
 
@@ -123,8 +112,8 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
             items = gpipe_items(seqs, cfg.batch, cfg.microbatch, slots)
         else:
             parts = uniform_partitions(seqs, M) if frac is None else scaled_partitions(frac, seqs)
-            items = pad_items(chunked_items(parts, np.full(len(seqs), cfg.batch)), slots)
-        pts, axes = _items_axes(cfg.point(slots), items)
+            items = Chunks.padded(parts, cfg.batch, slots)
+        pts, axes = batched_items(cfg.point(slots), items)
         return evaluate_points(pts, cfg.shape(slots), axes, len(seqs), ("feasible",))["feasible"]
 
     return max(largest_true(feasible, lo, hi), 0) * g

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from ..costs import pytree
 from ..prefill.batch import evaluate_many
 from ..prefill.evaluate import Point
+from ..prefill.points import batched_items
 from ..schedule.items import chunked_items
 from ..schedule.prefix import prefix_sum
 from ..search.anneal import randint
@@ -54,17 +55,9 @@ class PartitionContext:
     arrivals: Array
 
 
-def _with_items(point: Point, items) -> tuple[Point, Point]:
-    none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
-    pts = Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)
-    axes = Point(items=jax.tree_util.tree_map(lambda _: 0, items), model=none(point.model),
-                 hardware=none(point.hardware), layout=none(point.layout), mbkr=none(point.mbkr))
-    return pts, axes
-
-
 def evaluate_partitions(partitions, batches, point: Point, shape: SimShape, fields) -> dict:
     """The evaluation ``fields`` of ``[P, M]`` partitions (tokens) at ``[P]`` batches (traceable)."""
-    pts, axes = _with_items(point, chunked_items(partitions, batches))
+    pts, axes = batched_items(point, chunked_items(partitions, batches))
     return evaluate_many(pts, shape, axes, fields)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..costs import HardwareParams, ModelParams, StageLayout
 from ..mbkr.pairing import (DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, SPILL_POLICIES,
                             STATIC_PAIRING_CODE, MBKRParams, check_thresholds, pair_routes, partner_of)
-from ..schedule.items import ItemTable
+from ..schedule.items import Chunks, ItemTable
 from ..schedule.shape import MBKRMode, Spill
 from ..specs import HardwareSpec, ModelSpec, checks
 from ..specs.mesh import group_routes
@@ -111,6 +111,15 @@ def stack_points(points: list[Point]) -> Point:
     return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *points)
 
 
-def replace_items(point: Point, items: ItemTable) -> Point:
+def replace_items(point: Point, items: ItemTable | Chunks) -> Point:
     """The same configuration with another item table."""
     return Point(items=items, model=point.model, hardware=point.hardware, layout=point.layout, mbkr=point.mbkr)
+
+
+def batched_items(point: Point, items: ItemTable | Chunks) -> tuple[Point, Point]:
+    """``(points, axes)``: ``point`` with stacked ``items`` (a leading axis on every leaf), and the
+    ``in_axes`` that vmap over the items only."""
+    none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
+    axes = Point(items=jax.tree_util.tree_map(lambda _: 0, items), model=none(point.model),
+                 hardware=none(point.hardware), layout=none(point.layout), mbkr=none(point.mbkr))
+    return replace_items(point, items), axes

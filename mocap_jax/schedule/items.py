@@ -125,6 +125,18 @@ class Chunks:
     sizes: Array
     requests: Array
 
+    @classmethod
+    def padded(cls, sizes, requests, slots: int) -> "Chunks":
+        """Host-side chunks of ``[P, M]`` chunk sizes (zeros only as right padding) and ``[P]``
+        batches in ``slots`` item slots: zero columns added, or trailing zero columns dropped."""
+        sizes = np.asarray(sizes)
+        P, M = sizes.shape
+        if np.any(sizes[:, slots:]):
+            raise ValueError(f"cannot pad {M} chunks into {slots} slots")
+        out = np.zeros((P, slots), np.int32)
+        out[:, :min(M, slots)] = sizes[:, :slots]
+        return cls(sizes=out, requests=np.broadcast_to(np.asarray(requests, np.int32), (P,)).copy())
+
     def table(self) -> ItemTable:
         """The :class:`ItemTable` of :func:`chunked_items`."""
         return chunked_items(self.sizes, self.requests)
