@@ -1,11 +1,14 @@
 """simulate / simulate_batch: semantics on hand-checked cases, batching, buckets, feasibility, bad input."""
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mocap_jax as mj
 from mocap_jax.prefill import batch as prefill_batch
+from mocap_jax.prefill.batch import spill_compacted
 from mocap_jax.specs import get_hardware, get_model
 
 
@@ -175,3 +178,43 @@ def test_bad_input_raises_value_error(kwargs, fragment):
     args.update(kwargs)
     with pytest.raises(ValueError, match=fragment):
         mj.simulate(args.pop("model"), args.pop("hardware"), args.pop("seq_len"), **args)
+
+
+@pytest.mark.parametrize("pattern", ["none", "all", "front", "back", "scattered"])
+def test_spill_compacted_runs_the_spill_program_only_on_the_steps_it_needs(pattern):
+    """Oracle: every row that fits keeps its plain value and every other row gets the spill function's
+    value of that row, in the rows' order; the spill function runs on ceil(count / step) steps."""
+    P, step = 32, 8
+    rng = np.random.default_rng(3)
+    fits = {"none": np.ones(P, bool), "all": np.zeros(P, bool), "front": np.arange(P) >= 5,
+            "back": np.arange(P) < 19, "scattered": rng.random(P) < 0.6}[pattern]
+    rows = {"x": jnp.asarray(rng.normal(size=P)), "y": jnp.asarray(rng.normal(size=(P, 3)))}
+    plain = {"x": -rows["x"], "y": -rows["y"], "ok": jnp.asarray(fits)}
+    steps_run = []
+
+    def spilled(r):
+        jax.debug.callback(lambda: steps_run.append(1))
+        return {"x": 2 * r["x"], "y": 4 * r["y"], "ok": r["x"] > 0}   # exact in floating point
+
+    out = jax.jit(lambda r, f, p: spill_compacted(r, f, p, spilled, step))(rows, jnp.asarray(fits), plain)
+    jax.effects_barrier()
+    x, y = np.asarray(rows["x"]), np.asarray(rows["y"])
+    np.testing.assert_array_equal(out["x"], np.where(fits, -x, 2 * x))
+    np.testing.assert_array_equal(out["y"], np.where(fits[:, None], -y, 4 * y))
+    np.testing.assert_array_equal(out["ok"], np.where(fits, True, x > 0))
+    assert len(steps_run) == -(-int((~fits).sum()) // step)
+
+
+def test_mbkr_blocks_in_steps_equal_one_step(monkeypatch):
+    """simulate_batch of MBKR points that do and do not fit without MBKR: a block run in small steps
+    (the spill passes only on the steps that need them) equals the same points in one step each."""
+    S, B = 65536, np.arange(70, 134, 2)                   # B' without MBKR is about 100 here
+    kw = dict(chunks=8, batch=np.repeat(B, 4), block_size=128, dtype="float32",
+              fields=("prefill_latency_s", "raw_latency_s", "feasible", "spilled_bytes_per_stage", "overflow"))
+    one = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, "mbkr", **kw)
+    monkeypatch.setattr(prefill_batch, "STEP_CELLS", 1)   # steps of 8 configurations
+    steps = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, "mbkr", **kw)
+    assert 0 < one["feasible"].sum() and (one["spilled_bytes_per_stage"].sum(1) > 0).any()
+    assert (one["spilled_bytes_per_stage"].sum(1) == 0).any()
+    for k in kw["fields"]:
+        np.testing.assert_allclose(steps[k], one[k], rtol=1e-6, err_msg=k)

@@ -7,9 +7,10 @@ program serves every block of a bucket; the last block is padded), shards each b
 configurations over the local devices, and returns only the fields asked for (XLA then drops
 the work nothing reads).
 
-MBKR buckets first evaluate every configuration without MBKR; only a block in which some
-configuration does not fit runs the spill passes (with the ``overflow`` policy a configuration
-that fits spills nothing, so its result is its plain result exactly).
+MBKR buckets first evaluate every configuration without MBKR; only the configurations that do
+not fit run the spill passes (with the ``overflow`` policy a configuration that fits spills
+nothing, so its result is its plain result exactly).  :func:`spill_compacted` moves them to the
+front of the block, so the steps that hold none of them skip the spill program.
 """
 
 from __future__ import annotations
@@ -38,19 +39,60 @@ def _fields(ev: Evaluation, fields: Sequence[str]) -> dict:
     return {f: getattr(ev, f) for f in fields}
 
 
-def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
+def evaluate_vmapped(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
     """``vmap(evaluate)`` over the batched leaves of ``points`` (``axes``: a :class:`Point` of 0 / None),
-    returning ``fields``.  Traceable; :func:`evaluate_points` compiles it."""
-    one = lambda p, sh: _fields(evaluate(p, sh), fields)
-    if shape.mbkr == MBKRMode.OFF:
-        return jax.vmap(lambda p: one(p, shape), in_axes=(axes,))(points)
-    plain = jax.vmap(lambda p: one(p, shape._replace(mbkr=MBKRMode.OFF)), in_axes=(axes,))(points)
-    spilled = jax.vmap(lambda p: one(p, shape), in_axes=(axes,))
-    if shape.spill == Spill.EAGER:
-        return spilled(points)
-    fits = plain["feasible"] if "feasible" in plain else jax.vmap(
-        lambda p: evaluate(p, shape._replace(mbkr=MBKRMode.OFF)).feasible, in_axes=(axes,))(points)
-    return jax.lax.cond(jnp.all(fits), lambda: plain, lambda: spilled(points))
+    returning ``fields``; every configuration runs the program of ``shape`` (with MBKR: the spill passes)."""
+    return jax.vmap(lambda p: _fields(evaluate(p, shape), fields), in_axes=(axes,))(points)
+
+
+def spills_needed(shape: SimShape) -> bool:
+    """Whether a configuration that fits without MBKR may be told apart from one that needs the spill
+    passes (MBKR on, ``overflow`` policy: a configuration that fits keeps its plain result)."""
+    return shape.mbkr != MBKRMode.OFF and shape.spill == Spill.OVERFLOW
+
+
+def plain_shape(shape: SimShape) -> SimShape:
+    """The same structure without MBKR."""
+    return shape._replace(mbkr=MBKRMode.OFF)
+
+
+def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
+    """:func:`evaluate_vmapped`, running the spill passes only if some configuration does not fit
+    without them.  Traceable; :func:`evaluate_points` compiles it."""
+    if not spills_needed(shape):
+        return evaluate_vmapped(points, shape, axes, fields)
+    plain = evaluate_vmapped(points, plain_shape(shape), axes, tuple(fields) + ("feasible",))
+    fits = plain["feasible"]
+    plain = {f: plain[f] for f in fields}
+    return jax.lax.cond(jnp.all(fits), lambda: plain, lambda: evaluate_vmapped(points, shape, axes, fields))
+
+
+def spill_compacted(rows, fits, plain: dict, spilled, step: int) -> dict:
+    """``plain`` where a configuration fits, ``spilled(rows)`` where it does not; the spill program
+    runs only on the steps that hold a configuration that does not fit.
+
+    ``rows``: a pytree of ``[P, ...]`` leaves (P a multiple of ``step``); ``fits [P]``; ``plain``:
+    the fields of every configuration without MBKR (``[P, ...]``); ``spilled``: a step of ``step``
+    rows -> the same fields, shapes and dtypes.  The configurations that do not fit are moved to the front in their
+    order (a counting sort: ``rank`` is each configuration's new position and undoes the move), so
+    ``ceil(count / step)`` steps run the spill passes and the rest return zeros unused.
+    """
+    P = fits.shape[0]
+    fits_i = fits.astype(jnp.int32)
+    count = P - jnp.sum(fits_i)
+    rank = jnp.where(fits, count + jnp.cumsum(fits_i) - 1, jnp.cumsum(1 - fits_i) - 1)
+    order = jnp.zeros(P, jnp.int32).at[rank].set(jnp.arange(P, dtype=jnp.int32), unique_indices=True)
+    moved = jax.tree_util.tree_map(lambda x: x[order].reshape((P // step, step) + x.shape[1:]), rows)
+    skipped = {k: jnp.zeros((step,) + a.shape[1:], a.dtype) for k, a in plain.items()}
+
+    def one(args):
+        j, r = args
+        return jax.lax.cond(j * step < count, lambda: spilled(r), lambda: skipped)
+
+    out = jax.lax.map(one, (jnp.arange(P // step), moved))
+    back = lambda a: a.reshape((P,) + a.shape[2:])[rank]
+    pick = lambda a, b: jnp.where(fits.reshape((P,) + (1,) * (a.ndim - 1)), a, back(b))
+    return {k: pick(plain[k], out[k]) for k in plain}
 
 
 #: item-stage cells of one vectorised step: a step's arrays then stay in the CPU caches (measured:
@@ -68,20 +110,29 @@ def step_size(shape: SimShape) -> int:
 def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, shape: SimShape, fields: tuple,
                    step: int) -> dict:
     """:func:`evaluate_many` of a block, ``step`` configurations at a time (``lax.map``; the block's
-    length is a multiple of ``step`` or smaller than it).  ``batched`` / ``shared``: the block's
-    leaves with and without the configuration axis, in ``axes_leaves`` order."""
+    length is a multiple of ``step`` or smaller than it); with MBKR, every step first without it, then
+    the spill passes for the configurations that do not fit (:func:`spill_compacted`).
+    ``batched`` / ``shared``: the block's leaves with and without the configuration axis, in
+    ``axes_leaves`` order."""
     axes = jax.tree_util.tree_unflatten(treedef, axes_leaves)
 
-    def run(rows):
+    def run(rows, evaluate_fn, sh, fs):
         it_rows, it_shared = iter(rows), iter(shared)
         leaves = [next(it_shared) if ax is None else next(it_rows) for ax in axes_leaves]
-        return evaluate_many(jax.tree_util.tree_unflatten(treedef, leaves), shape, axes, fields)
+        return evaluate_fn(jax.tree_util.tree_unflatten(treedef, leaves), sh, axes, fs)
 
     P = batched[0].shape[0]
     if P <= step:
-        return run(batched)
-    out = jax.lax.map(run, [x.reshape((P // step, step) + x.shape[1:]) for x in batched])
-    return jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:]), out)
+        return run(batched, evaluate_many, shape, fields)
+    split = lambda xs: [x.reshape((P // step, step) + x.shape[1:]) for x in xs]
+    flat = lambda out: jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:]), out)
+    if not spills_needed(shape):
+        return flat(jax.lax.map(lambda r: run(r, evaluate_vmapped, shape, fields), split(batched)))
+    plain = flat(jax.lax.map(lambda r: run(r, evaluate_vmapped, plain_shape(shape), tuple(fields) + ("feasible",)),
+                             split(batched)))
+    fits = plain["feasible"]
+    return spill_compacted(batched, fits, {f: plain[f] for f in fields},
+                           lambda r: run(r, evaluate_vmapped, shape, fields), step)
 
 
 @functools.lru_cache(maxsize=128)
