@@ -73,9 +73,10 @@ def spill_compacted(rows, fits, plain: dict, spilled, step: int) -> dict:
 
     ``rows``: a pytree of ``[P, ...]`` leaves (P a multiple of ``step``); ``fits [P]``; ``plain``:
     the fields of every configuration without MBKR (``[P, ...]``); ``spilled``: a step of ``step``
-    rows -> the same fields, shapes and dtypes.  The configurations that do not fit are moved to the front in their
-    order (a counting sort: ``rank`` is each configuration's new position and undoes the move), so
-    ``ceil(count / step)`` steps run the spill passes and the rest return zeros unused.
+    rows -> the same fields, shapes and dtypes.  The configurations that do not fit are moved to
+    the front in their order (a counting sort: ``rank`` is each configuration's new position and
+    undoes the move), so ``ceil(count / step)`` steps run the spill passes and the rest return
+    zeros, unused.
     """
     P = fits.shape[0]
     fits_i = fits.astype(jnp.int32)

@@ -166,6 +166,7 @@ _FIELDS = ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "
 
 
 def _fields_of(shape: SimShape, sshape: ServingShape | None) -> tuple:
+    """The evaluation fields a bucket's rows need (MBKR's per-item seconds only for end-to-end latency)."""
     return _FIELDS if (sshape is not None and shape.mbkr != MBKRMode.OFF) else _FIELDS[:-1]
 
 
