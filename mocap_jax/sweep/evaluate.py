@@ -21,7 +21,6 @@ sweep: replacing the evaluator touches only this module.
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -42,6 +41,7 @@ from ..serving.e2e import ServingShape, e2e_latency
 from ..specs import HardwareSpec, ModelSpec, SpecError, mocap_wafer
 from ..specs.mesh import snake_placement, stage_groups
 from .arrays import unique_rows
+from .memory import available_memory_bytes, gib
 
 __all__ = ["Evaluator", "ADMISSION_MODES", "RELEASE_POLICIES", "PAIRINGS", "OBJECTIVES", "ARRIVALS", "DEFAULT_P1",
            "DEFAULT_P2", "DEFAULT_READ_OVERLAP", "MBKR_OUTPUTS"]
@@ -231,26 +231,6 @@ def _program(shape: SimShape, sshape, micro: int, mesh):
 _COMPILED: dict = {}   # compiled block programs, per (shapes, devices, options), for the life of the process
 
 
-def available_memory_bytes(device) -> int:
-    """Memory a block may use: the host's available memory for CPU devices, else the device's free memory."""
-    if device.platform != "cpu":
-        stats = device.memory_stats() or {}
-        if "bytes_limit" in stats:
-            return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2 ** 30:.2f} GiB"
-
-
 def _outputs_fast(raw: dict, r, key: tuple) -> dict:
     P = len(r.ids)
     feasible = np.asarray(raw["feasible"])[:P].astype(bool)
@@ -356,8 +336,8 @@ class Evaluator:
             need = per_device * (len(self.devices) if shared else 1)
             have = available_memory_bytes(self.devices[0])
             if need > have:
-                raise SpecError(f"bucket {label}: a block of {len(leaves[0]):,} points needs about {_gib(need)} "
-                                f"(XLA's estimate of the compiled program) but {_gib(have)} is available; lower "
+                raise SpecError(f"bucket {label}: a block of {len(leaves[0]):,} points needs about {gib(need)} "
+                                f"(XLA's estimate of the compiled program) but {gib(have)} is available; lower "
                                 f"the block size (--block-size) or the [sweep] micro_batch setting")
         _COMPILED[key] = compiled
         return compiled
@@ -378,8 +358,8 @@ class Evaluator:
         need = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(one)) * size * 2
         have = available_memory_bytes(self.devices[0])
         if need > have:
-            raise SpecError(f"bucket {label}: the inputs of a block of {size:,} points take about {_gib(need)} "
-                            f"(host and device copies) but {_gib(have)} is available; lower the block size "
+            raise SpecError(f"bucket {label}: the inputs of a block of {size:,} points take about {gib(need)} "
+                            f"(host and device copies) but {gib(have)} is available; lower the block size "
                             f"(--block-size)")
         inputs = block_inputs(key, r, self.cache, size)
         shape = SimShape(items=k_pad, stages=n_pad, batches=nb, groups=k_pad if kind == "gpipe" else 1,
