@@ -96,6 +96,16 @@ def spill_compacted(rows, fits, plain: dict, spilled, step: int) -> dict:
     return {k: pick(plain[k], out[k]) for k in plain}
 
 
+def in_steps(rows, step: int, plain, spilled=None) -> dict:
+    """``plain`` over ``rows`` (a pytree of ``[P, ...]`` leaves, P a multiple of ``step``), ``step``
+    rows at a time (``lax.map``); with ``spilled``, the rows whose ``plain(...)["feasible"]`` is
+    false then get ``spilled``'s fields instead (:func:`spill_compacted`)."""
+    P = jax.tree_util.tree_leaves(rows)[0].shape[0]
+    steps = jax.tree_util.tree_map(lambda x: x.reshape((P // step, step) + x.shape[1:]), rows)
+    out = jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:]), jax.lax.map(plain, steps))
+    return out if spilled is None else spill_compacted(rows, out["feasible"], out, spilled, step)
+
+
 #: item-stage cells of one vectorised step: a step's arrays then stay in the CPU caches (measured:
 #: 256 chunked pipelines of 32 items x 16 stages per step run about twice as fast per point as 4,096)
 STEP_CELLS = 1 << 17
@@ -122,18 +132,14 @@ def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, sha
         leaves = [next(it_shared) if ax is None else next(it_rows) for ax in axes_leaves]
         return evaluate_fn(jax.tree_util.tree_unflatten(treedef, leaves), sh, axes, fs)
 
-    P = batched[0].shape[0]
-    if P <= step:
+    if batched[0].shape[0] <= step:
         return run(batched, evaluate_many, shape, fields)
-    split = lambda xs: [x.reshape((P // step, step) + x.shape[1:]) for x in xs]
-    flat = lambda out: jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:]), out)
     if not spills_needed(shape):
-        return flat(jax.lax.map(lambda r: run(r, evaluate_vmapped, shape, fields), split(batched)))
-    plain = flat(jax.lax.map(lambda r: run(r, evaluate_vmapped, plain_shape(shape), tuple(fields) + ("feasible",)),
-                             split(batched)))
-    fits = plain["feasible"]
-    return spill_compacted(batched, fits, {f: plain[f] for f in fields},
-                           lambda r: run(r, evaluate_vmapped, shape, fields), step)
+        return in_steps(batched, step, lambda r: run(r, evaluate_vmapped, shape, fields))
+    with_fits = tuple(fields) + ("feasible",)
+    out = in_steps(batched, step, lambda r: run(r, evaluate_vmapped, plain_shape(shape), with_fits),
+                   lambda r: run(r, evaluate_vmapped, shape, with_fits))
+    return {f: out[f] for f in fields}
 
 
 @functools.lru_cache(maxsize=128)

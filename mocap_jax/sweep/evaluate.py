@@ -31,7 +31,7 @@ from ..api.config import ADMISSION_MODES, RELEASE_POLICIES, searched_placement
 from ..costs import HardwareParams, ModelParams
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, MBKRParams
 from ..partition.objectives import OBJECTIVES
-from ..prefill.batch import evaluate_vmapped, plain_shape, spill_compacted, spills_needed
+from ..prefill.batch import evaluate_vmapped, in_steps, plain_shape, spills_needed
 from ..prefill.evaluate import Point
 from ..prefill.points import MBKRSettings, stage_routes
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
@@ -165,11 +165,6 @@ _FIELDS = ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "
            "remote_read_unhidden_s", "spill_write_s", "migrate_s", "extra")
 
 
-def _fields_of(shape: SimShape, sshape: ServingShape | None) -> tuple:
-    """The evaluation fields a bucket's rows need (MBKR's per-item seconds only for end-to-end latency)."""
-    return _FIELDS if (sshape is not None and shape.mbkr != MBKRMode.OFF) else _FIELDS[:-1]
-
-
 def _lean(points: Point, extra: dict, shape: SimShape, sshape: ServingShape | None,
           evaluated: SimShape | None = None) -> dict:
     """Scalar summaries of a micro-batch of points (what sweep rows need; no item-level arrays leave the device).
@@ -177,7 +172,7 @@ def _lean(points: Point, extra: dict, shape: SimShape, sshape: ServingShape | No
     Every point runs the program of ``evaluated`` (default the bucket's ``shape``; its plain shape
     for an MBKR bucket's first pass, whose rows then have zero MBKR columns)."""
     axes = jax.tree_util.tree_map(lambda _: 0, points)
-    fields = _fields_of(shape, sshape)
+    fields = _FIELDS if (sshape is not None and shape.mbkr != MBKRMode.OFF) else _FIELDS[:-1]
     o = evaluate_vmapped(points, evaluated or shape, axes, fields)
     live = jnp.arange(shape.stages)[None, :] < points.layout.num_stages[:, None]
     mx = lambda a: jnp.max(jnp.where(live, a, 0.0), axis=1)
@@ -213,16 +208,12 @@ def _program(shape: SimShape, sshape, micro: int, mesh):
     from jax.sharding import PartitionSpec
 
     def local(points, extra):
-        n = jax.tree_util.tree_leaves(points)[0].shape[0]
-        split = lambda a: a.reshape((n // micro, micro) + a.shape[1:])
-        flat = lambda out: jax.tree_util.tree_map(lambda a: a.reshape((n,) + a.shape[2:]), out)
-        xs = jax.tree_util.tree_map(split, (points, extra))
+        bucket = lambda pe: _lean(pe[0], pe[1], shape, sshape)
         if not spills_needed(shape):
-            return flat(jax.lax.map(lambda pe: _lean(pe[0], pe[1], shape, sshape), xs))
+            return in_steps((points, extra), micro, bucket)
         # every point without MBKR first; the spill passes only for the points that do not fit
-        plain = flat(jax.lax.map(lambda pe: _lean(pe[0], pe[1], shape, sshape, plain_shape(shape)), xs))
-        spilled = lambda pe: _lean(pe[0], pe[1], shape, sshape)
-        return spill_compacted((points, extra), plain["feasible"], plain, spilled, micro)
+        return in_steps((points, extra), micro, lambda pe: _lean(pe[0], pe[1], shape, sshape, plain_shape(shape)),
+                        bucket)
 
     spec = PartitionSpec("points")
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
