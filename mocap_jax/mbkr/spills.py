@@ -82,9 +82,6 @@ class Spills:
       peak: ``[N]`` largest memory of each stage (weights + KV held or hosted + in-flight workspace), bytes.
       kv_peak: ``[N]`` largest KV each stage holds or hosts (including the KV being written), bytes.
       overflow: bool, some stage overflowed with nowhere to spill.
-      event_time: ``[L, T]`` (static) or ``[T]`` (dynamic) time of each event (``inf`` for none).
-      event_kv: ``[L, 2, T]`` (static: both stages of each pair) or ``[T, N]`` (dynamic) KV each stage
-        holds after each event, bytes.
     """
 
     moved: Array
@@ -94,8 +91,6 @@ class Spills:
     peak: Array
     kv_peak: Array
     overflow: Array
-    event_time: Array
-    event_kv: Array
 
 
 class Stages(NamedTuple):
@@ -179,25 +174,26 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     # event attributes by event id, then in processing order
     other_act = jnp.stack([_in_flight_activation(start[0], start[1], finish[1], act[1], inclusive=False),
                            _in_flight_activation(start[1], start[0], finish[0], act[0], inclusive=True)])
-    is_start = kind == 1
     group = jnp.concatenate([st.group, st.group, jnp.arange(G), jnp.arange(G)])
     zeros = jnp.zeros(2 * G, kv.dtype)
-    ev = (side[order], is_start[order], group[order], jnp.concatenate([kv.reshape(-1), zeros])[order],
-          jnp.concatenate([act.reshape(-1), zeros])[order], jnp.concatenate([other_act.reshape(-1), zeros])[order])
-    times = times_id[order]
+    # one gather of stacked rows: XLA:CPU pays per gathered index, not per byte
+    by_order = jnp.stack([times_id, jnp.concatenate([kv.reshape(-1), zeros]), jnp.concatenate([act.reshape(-1), zeros]),
+                          jnp.concatenate([other_act.reshape(-1), zeros])], axis=-1)[order]
+    ev = (side[order], kind[order] == 1, group[order], by_order[:, 1], by_order[:, 2], by_order[:, 3],
+          jnp.isfinite(by_order[:, 0]))
     gid = jnp.arange(G)
 
     def step(state, e):
-        # per side (a, b), [G] each: its own KV, and the KV it spilled to the other side
-        own_a, own_b, spilled_a, spilled_b = state
-        x, starting, g, kv_e, act_e, act_other = e
+        # per side (a, b), [G] each: its own KV, and the KV it spilled to the other side; then the
+        # running peaks [2] and overflow (kept in the carry: reducing stacked per-event values costs more)
+        own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow = state
+        x, starting, g, kv_e, act_e, act_other, real = e
         on_b = x == 1                                          # the event is on side b
         this = lambda va, vb: jnp.where(on_b, vb, va)
         local_a, local_b = own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()
         moved, over = decide(this(local_a, local_b), kv_e, act_e, this(budget[0], budget[1]),
                              this(local_b, local_a), act_other, this(budget[1], budget[0]), ok, p1, p2, spill)
         moved = jnp.where(starting, moved, 0.0)
-        over = starting & over
         group_g = gid == g
         # a start adds the item's kept and moved KV to its group; a release frees the group
         keep = lambda v, add: jnp.where(group_g, jnp.where(starting, v + add, 0.0), v)
@@ -205,18 +201,15 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
         spilled_a, spilled_b = this(keep(spilled_a, moved), spilled_a), this(spilled_b, keep(spilled_b, moved))
         held = jnp.stack([own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()])
         in_flight = jnp.stack([this(act_e, act_other), this(act_other, act_e)])
-        memory = jnp.where(starting, weights + held + in_flight, 0.0)
-        return (own_a, own_b, spilled_a, spilled_b), (moved, over, memory, held)
+        peak = jnp.where(starting, jnp.maximum(peak, weights + held + in_flight), peak)
+        kv_peak = jnp.where(real, jnp.maximum(kv_peak, held), kv_peak)
+        return (own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow | (starting & over)), moved
 
     zeros = jnp.zeros((G,), kv.dtype)
-    _, (moved, over, memory, held) = lax.scan(step, (zeros,) * 4, ev)
-    by_id = lambda v: v[rank]                                  # back from processing order to event ids
-    moved_items = by_id(moved)[: 2 * E].reshape(2, E)
-    live = jnp.isfinite(times)
-    peak = jnp.maximum(weights, jnp.max(memory, axis=0))
-    kv_peak = jnp.max(jnp.where(live[:, None], held, 0.0), axis=0)
-    overflow = jnp.any(over)
-    return moved_items, peak, kv_peak, overflow, times, held.T
+    init = (zeros,) * 4 + (weights, jnp.zeros(2, kv.dtype), jnp.zeros((), bool))
+    (*_, peak, kv_peak, overflow), moved = lax.scan(step, init, ev)
+    moved_items = moved[rank][: 2 * E].reshape(2, E)           # back from processing order to event ids
+    return moved_items, peak, kv_peak, overflow
 
 
 def pair_spills(st: Stages, partner, num_stages, p1, p2, spill: Spill, slots: int) -> Spills:
@@ -234,7 +227,7 @@ def pair_spills(st: Stages, partner, num_stages, p1, p2, spill: Spill, slots: in
     paired = partner[:slots] >= 0
     b = jnp.where(paired, partner[:slots], s)
     active = (s < num_stages) & (~paired | (partner[:slots] > s))
-    moved, peak, kv_peak, over, times, held = jax.vmap(
+    moved, peak, kv_peak, over = jax.vmap(
         lambda a, bb, ok: _pair(a, bb, ok, st, p1, p2, spill))(s, b, paired)
     lead = jnp.where(active, s, N)
     follow = jnp.where(active & paired, b, N)
@@ -243,8 +236,7 @@ def pair_spills(st: Stages, partner, num_stages, p1, p2, spill: Spill, slots: in
     host = jnp.broadcast_to(jnp.where(partner >= 0, partner, -1), (E, N)).astype(jnp.int32)
     return Spills(moved=scatter(moved, 0.0).T, host=host, migrated=jnp.zeros((E, N), st.kv.dtype),
                   migrated_from=jnp.full((E, N), -1, jnp.int32), peak=jnp.where(st.live, scatter(peak, 0.0), 0.0),
-                  kv_peak=jnp.where(st.live, scatter(kv_peak, 0.0), 0.0), overflow=jnp.any(over & active),
-                  event_time=jnp.where(active[:, None], times, jnp.inf), event_kv=held)
+                  kv_peak=jnp.where(st.live, scatter(kv_peak, 0.0), 0.0), overflow=jnp.any(over & active))
 
 
 def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
@@ -289,7 +281,9 @@ def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
         return jnp.where(live & (mate_pos != pos), mate, -1).astype(jnp.int32)
 
     def step(state, e):
-        own, spilled, partner, running = state                  # [N, G], [N, G], [N], [N]
+        # [N, G], [N, G], [N], [N]; then the running peaks [N] and overflow (kept in the carry:
+        # reducing stacked per-event values costs more)
+        own, spilled, partner, running, peak, kv_peak, overflow = state
         k, a, i, tm = e
         starting = k == 2
         item = jnp.minimum(i, E - 1)
@@ -321,21 +315,19 @@ def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
                                               jnp.where(releasing & onehot, 0.0, spilled[a])))
         running = running.at[a].set(jnp.where(starting, act_e, jnp.where(k == 1, 0.0, running[a])))
         held = jnp.where(live, own.sum(1) + hosted(spilled, partner), 0.0)
-        memory = jnp.where(live, st.weights + held + running, 0.0)
-        out = (moved, jnp.where(starting, p, -1), migrated, jnp.where(migrated > 0, old, -1), starting & over,
-               memory, held)
-        return (own, spilled, partner, running), out
+        peak = jnp.maximum(peak, jnp.where(live, st.weights + held + running, 0.0))
+        kv_peak = jnp.where(jnp.isfinite(tm), jnp.maximum(kv_peak, held), kv_peak)
+        out = (moved, jnp.where(starting, p, -1), migrated, jnp.where(migrated > 0, old, -1))
+        return (own, spilled, partner, running, peak, kv_peak, overflow | (starting & over)), out
 
     zeros = jnp.zeros((N, G), dt)
-    init = (zeros, zeros, jnp.full((N,), -1, jnp.int32), jnp.zeros((N,), dt))
-    _, (moved, host, migrated, migrated_from, over, memory, held) = lax.scan(
+    init = (zeros, zeros, jnp.full((N,), -1, jnp.int32), jnp.zeros((N,), dt), st.weights, jnp.zeros((N,), dt),
+            jnp.zeros((), bool))
+    (*_, peak, kv_peak, overflow), (moved, host, migrated, migrated_from) = lax.scan(
         step, init, (ev_kind, ev_stage, ev_index, ev_time))
     target = jnp.where(ev_kind == 2, ev_index * N + ev_stage, E * N)
     to_items = lambda v, fill, dtype: jnp.full((E * N + 1,), fill, dtype).at[target].set(v.astype(dtype))[: E * N] \
         .reshape(E, N)
-    finite = jnp.isfinite(ev_time)
     return Spills(moved=to_items(moved, 0.0, dt), host=to_items(host, -1, jnp.int32),
                   migrated=to_items(migrated, 0.0, dt), migrated_from=to_items(migrated_from, -1, jnp.int32),
-                  peak=jnp.where(live, jnp.maximum(st.weights, jnp.max(memory, axis=0)), 0.0),
-                  kv_peak=jnp.where(live, jnp.max(jnp.where(finite[:, None], held, 0.0), axis=0), 0.0),
-                  overflow=jnp.any(over), event_time=ev_time, event_kv=held)
+                  peak=jnp.where(live, peak, 0.0), kv_peak=jnp.where(live, kv_peak, 0.0), overflow=overflow)
