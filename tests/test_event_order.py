@@ -1,4 +1,4 @@
-"""The spill programs' event order and the prefix scans against NumPy oracles."""
+"""The spill programs' event order, the prefix scans and counts in sorted sequences against NumPy oracles."""
 
 import jax
 import jax.numpy as jnp
@@ -6,15 +6,17 @@ import numpy as np
 import pytest
 
 from mocap_jax.mbkr.spills import merge_ranks
-from mocap_jax.schedule.prefix import prefix_max, prefix_sum
+from mocap_jax.schedule.prefix import FUSED_COUNT_MAX, count_sorted, prefix_max, prefix_sum
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_merge_ranks_is_the_stable_sort_by_value_list_and_index(seed):
     """Positions in the merged order equal a stable lexsort of (value, list, index), ties included
-    (values drawn from a few levels, infinities as padding)."""
+    (values drawn from a few levels, infinities as padding; one long list is counted by fused compares,
+    the other by binary search)."""
     rng = np.random.default_rng(seed)
-    lengths = [int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, 40)), int(rng.integers(1, 40))]
+    lengths = [int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, FUSED_COUNT_MAX + 1)),
+               int(rng.integers(FUSED_COUNT_MAX + 1, 3 * FUSED_COUNT_MAX))]
     levels = np.array([0.0, 0.5, 1.0, 1.5, np.inf], np.float32)
     lists = [np.sort(rng.choice(levels, size=n)) for n in lengths]
     got = jax.jit(merge_ranks)([jnp.asarray(x) for x in lists])
@@ -33,3 +35,20 @@ def test_prefix_scans_match_numpy():
     np.testing.assert_allclose(np.asarray(prefix_sum(jnp.asarray(x), axis=1)), np.cumsum(x, axis=1), rtol=1e-12)
     ints = rng.integers(-50, 50, (37, 4))
     np.testing.assert_array_equal(np.asarray(prefix_max(jnp.asarray(ints))), np.maximum.accumulate(ints, axis=0))
+
+
+@pytest.mark.parametrize("n", [1, 7, FUSED_COUNT_MAX, FUSED_COUNT_MAX + 1, 64, 100])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_count_sorted_is_searchsorted_on_both_sides_of_the_method_switch(n, dtype):
+    """Both methods (fused compares up to FUSED_COUNT_MAX elements, binary search beyond) count like
+    ``np.searchsorted``, with ties, queries outside the range and infinite padding."""
+    rng = np.random.default_rng(n)
+    values = np.sort(rng.integers(-5, 6, n)).astype(dtype)
+    queries = rng.integers(-7, 8, 50).astype(dtype)
+    if dtype == np.float32:
+        values[-max(n // 4, 1):] = np.inf
+        queries[:3] = [np.inf, -np.inf, 0.5]
+    for side in ("left", "right"):
+        got = jax.jit(count_sorted, static_argnames="side")(jnp.asarray(values), jnp.asarray(queries), side=side)
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(got), np.searchsorted(values, queries, side=side))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ..costs import pytree
-from ..schedule.prefix import prefix_sum
+from ..schedule.prefix import count_sorted, prefix_sum
 from .pairing import MBKRParams
 from .spills import Spills
 
@@ -68,7 +68,7 @@ def creditor_blocking(serve, start, finish, host, stage_host=None):
     stage = jnp.arange(N)
     if stage_host is not None:
         c = jnp.where(stage_host >= 0, stage_host, stage)
-        done = jax.vmap(lambda f, t: jnp.searchsorted(f, t, side="right", method="compare_all"), in_axes=(1, 1), out_axes=1)(
+        done = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(
             finish[:, c], start)
         creditor = jnp.broadcast_to(c, (E, N))
     else:

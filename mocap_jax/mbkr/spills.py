@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..costs import pytree
+from ..schedule.prefix import count_sorted
 from ..schedule.shape import Spill
 
 Array = Any
@@ -128,8 +129,7 @@ def merge_ranks(lists):
         r = jnp.arange(x.shape[0], dtype=jnp.int32)
         for q, y in enumerate(lists):
             if q != p:
-                before = y[None, :] <= x[:, None] if q < p else y[None, :] < x[:, None]
-                r = r + jnp.sum(before, axis=1, dtype=jnp.int32)
+                r = r + count_sorted(y, x, side="right" if q < p else "left")
         ranks.append(r)
     return ranks
 
@@ -138,7 +138,7 @@ def _in_flight_activation(times, start, finish, activation, inclusive: bool):
     """Activation bytes of the item a stage is running at each of ``times`` (items sorted by start);
     ``inclusive``: an item starting exactly then already runs (it comes first in the event order)."""
     side = "right" if inclusive else "left"
-    j = jnp.searchsorted(start, times, side=side, method="compare_all") - 1
+    j = count_sorted(start, times, side=side) - 1
     jj = jnp.maximum(j, 0)
     running = (j >= 0) & (finish[jj] > times)
     return jnp.where(running, activation[jj], 0.0)

@@ -29,7 +29,7 @@ from ..prefill.batch import evaluate_many
 from ..prefill.evaluate import Point
 from ..prefill.points import batched_items
 from ..schedule.items import chunked_items
-from ..schedule.prefix import prefix_sum
+from ..schedule.prefix import count_sorted, prefix_sum
 from ..search.anneal import randint
 from ..schedule.shape import MBKRMode, SimShape
 from ..serving.e2e import ServingShape, e2e_latency
@@ -99,7 +99,7 @@ def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: in
         width = jnp.where(first, 2, jnp.clip(slots // jnp.maximum(count[-1], 1), 1, window))
         # slot s serves the open chain of rank s // width, its (s % width)-th batch
         rank, j = slot // width, slot % width
-        chain = jnp.minimum(jnp.searchsorted(count, rank + 1), C - 1)
+        chain = jnp.minimum(count_sorted(count, rank + 1, side="left"), C - 1)
         used = rank < count[-1]
         l, u = lo[chain], hi[chain]
         gap = u - l - 1

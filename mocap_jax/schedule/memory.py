@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .shape import Release
-from .prefix import prefix_max, prefix_sum
+from .prefix import count_sorted, prefix_max, prefix_sum
 
 Array = Any
 
@@ -81,7 +81,7 @@ def held_before_start(start, kv, ends, release, group_first=None, policy: Releas
     if G <= 64:
         released = jnp.max(jnp.where(rel[None, :, :] <= start[:, None, :], through[None, :, :], 0.0), axis=1)
     else:
-        count = jax.vmap(lambda r, t: jnp.searchsorted(r, t, side="right"), in_axes=(1, 1), out_axes=1)(rel, start)
+        count = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(rel, start)
         padded = jnp.concatenate([jnp.zeros_like(through[:1]), through], axis=0)
         released = jnp.take_along_axis(padded, count, axis=0)
     return before - released
