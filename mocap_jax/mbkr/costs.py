@@ -61,19 +61,20 @@ def creditor_blocking(serve, start, finish, host, stage_host=None):
     host item not finished by then); if that item has not started yet, only the part of the
     serving that overlaps its start; if the host has finished all its items, nothing (an idle
     host with no next item delays no one).  Padded items repeat the previous finish, so the
-    first unfinished slot is always a real item.  ``stage_host [N]`` (static pairs) lets the host's items be
-    found by binary search; otherwise ``host [E, N]`` is looked up per item.
+    first unfinished slot is always a real item; the host's finished items are counted in its sorted
+    finish times (:func:`mocap_jax.schedule.prefix.count_sorted`).  ``stage_host [N]`` (static pairs)
+    lets every item of a stage count in the same host's times; otherwise ``host [E, N]`` gives each
+    item's host.
     """
     E, N = start.shape
     stage = jnp.arange(N)
     if stage_host is not None:
         c = jnp.where(stage_host >= 0, stage_host, stage)
-        done = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(
-            finish[:, c], start)
+        done = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(finish[:, c], start)
         creditor = jnp.broadcast_to(c, (E, N))
     else:
         creditor = jnp.where(host >= 0, host, stage[None, :])
-        done = jnp.sum(finish.T[creditor] <= start[..., None], axis=-1)
+        done = jax.vmap(jax.vmap(count_sorted))(finish.T[creditor], start)
     slot = jnp.minimum(done, E - 1)
     next_start = start[slot, creditor]
     charge = jnp.where(next_start <= start, serve, jnp.clip(start + serve - next_start, 0.0, serve))
