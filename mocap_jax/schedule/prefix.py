@@ -7,11 +7,12 @@ the KV prefix sums a quarter of a plain evaluation.  An associative scan does th
 is exact either way; a prefix sum adds in a different order, so it equals ``jnp.cumsum`` to
 rounding.
 
-Counting the elements of a sorted sequence below each query (:func:`count_sorted`) is a sum of
-compares while the sequence is short: XLA:CPU fuses a sum of at most 32 compares into one loop
-but splits a longer one into a ``reduce_window`` over a materialised ``[queries, n]`` mask.
-Past 32 elements a binary search (``log2(n)`` gathers per query) is faster: MBKR evaluations of
-64-item timelines ran 1.5x faster with it, 32-item ones about 10% slower.
+Counting the elements of a sorted sequence at or below each query (:func:`count_sorted`) is a sum
+of compares while the sequence is short: XLA:CPU fuses a sum of at most 32 compares into one loop
+but splits a longer one into a ``reduce_window`` over a materialised ``[queries, n]`` mask.  Past
+32 elements a binary search (``log2(n)`` gathers per query) is faster: MBKR evaluations of 64-item
+timelines ran 1.5x faster with it, while 32-item ones ran about 10% slower, so short sequences keep
+the compares.
 """
 
 from __future__ import annotations
