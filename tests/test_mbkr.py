@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mocap_jax.api import simulate, simulate_batch
+from mocap_jax.mbkr.costs import creditor_blocking
 from mocap_jax.mbkr.pairing import partner_of
 from mocap_jax.mbkr.placement import (anneal_placement, evaluate_placement, exhaustive_placement, search_placement,
                                       snake_report)
@@ -314,8 +315,6 @@ def _blocking_oracle(serve, start, finish, host):
 def test_creditor_blocking_matches_its_oracle_on_static_and_per_item_hosts(items):
     """Both paths (a fixed host per stage, and a host per item) against the plain statement, with
     timelines short and long enough for both ways of counting finished items; ties included."""
-    from mocap_jax.mbkr.costs import creditor_blocking
-
     rng = np.random.default_rng(items)
     N = 6
     # a stage runs its items one at a time, in order: idle gaps then durations, integers so that times tie
