@@ -1,10 +1,15 @@
 """``mocap-jax sweep`` and ``mocap-jax bench sweep`` through mocap_jax.cli.main."""
 
+import collections
 import json
+import tomllib
 from pathlib import Path
+
+import pytest
 
 from mocap_jax import sweep
 from mocap_jax.cli import main
+from mocap_jax.cli.sweep import MILLION_TOML, bucket_shares
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,3 +40,32 @@ def test_bench_sweep_json(capsys):
     assert d["points"] == 1 and d["buckets"] == 1 and d["devices"] == 2
     assert [w["format"] for w in d["write"]] == ["csv", "parquet"]
     assert all(w["rows"] == 3000 for w in d["write"] if "skipped" not in w)
+
+
+@pytest.mark.parametrize("points", [1, 50, 437, 1200])
+def test_bench_by_bucket_runs_each_buckets_share_of_the_same_points(points):
+    """Each bucket's run holds exactly the million-point sweep's first points of that chunk count and
+    scheme, in order (oracle: the expanded prefix of the whole sweep)."""
+    full = sweep.expand(MILLION_TOML, max_points=points)
+    seen = collections.Counter((row["chunks"], row["scheme"]) for row in full)
+    shares = bucket_shares(tomllib.loads(MILLION_TOML)["grid"], points)
+    assert shares == dict(seen)
+    for (chunks, scheme), n in shares.items():
+        cfg = tomllib.loads(MILLION_TOML)
+        cfg["grid"].update(chunks=[chunks], scheme=[scheme])
+        assert sweep.expand(cfg, max_points=n) == [r for r in full if r["chunks"] == chunks and r["scheme"] == scheme]
+
+
+def test_bench_by_bucket_refuses_options_it_cannot_honour(capsys):
+    assert main(["bench", "sweep", "--by-bucket", "--out", "x.csv"]) == 2
+    err = capsys.readouterr().err
+    assert "--by-bucket" in err and "Traceback" not in err
+    assert main(["bench", "sweep", "--by-bucket", "--write-rows", "0"]) == 2
+
+
+def test_bench_sweep_by_bucket_json(capsys):
+    # smoke run at tiny size: the first point of the million-point sweep is its only bucket's one point
+    assert main(["bench", "sweep", "--by-bucket", "--points", "1", "--json", "--quiet", "--devices", "2"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["points"] == 1 and d["devices"] == 2
+    assert [(b["chunks"], b["scheme"], b["points"]) for b in d["buckets"]] == [(4, "terapipe", 1)]

@@ -210,17 +210,90 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
         "devices": s.devices, "device_kind": s.device_kind, "wall_s": wall, "compile_s": s.compile_s,
         "points_per_s": s.points / wall, "points_per_s_excluding_compile": s.points / eval_s,
         "peak_rss_mb": rss_run, "rss_before_mb": rss0, "rss_after_jax_init_mb": rss_init,
-        "results_csv_mb": size / 1e6, "write": write,
+        "results_csv_mb": size / 1e6, "assemble_s": s.assemble_s, "write": write,
     }
 
 
+def bucket_shares(grid: dict, points: int) -> dict:
+    """``{(chunks, scheme): n}``: how many of the first ``points`` points of a grid (its last key
+    varying fastest) have each chunk count and scheme.  Every other key varies slower than the
+    two or between them, so a bucket's points among them are the first ``n`` points of the grid
+    with only that chunk count and scheme."""
+    import numpy as np
+
+    keys = list(grid)
+    sizes = [len(grid[k]) for k in keys]
+    ids = np.arange(points, dtype=np.int64)
+    index = lambda k: ids // int(np.prod(sizes[keys.index(k) + 1:], dtype=np.int64)) % sizes[keys.index(k)]
+    n_schemes = len(grid["scheme"])
+    counts = np.bincount(index("chunks") * n_schemes + index("scheme"), minlength=len(grid["chunks"]) * n_schemes)
+    return {(c, sc): int(counts[i * n_schemes + j]) for i, c in enumerate(grid["chunks"])
+            for j, sc in enumerate(grid["scheme"]) if counts[i * n_schemes + j]}
+
+
+def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None, devices=None,
+                          quiet: bool = False) -> dict:
+    """The points of ``bench_sweep(points)``, one shape bucket (chunk count x scheme) at a time.
+
+    Run alone, a bucket's compile and evaluation do not overlap those of the others, so its
+    seconds are its own: where the sweep's time goes.  Each bucket's run evaluates the first
+    points of the million-point grid restricted to its chunk count and scheme, as many as the
+    first ``points`` points of the sweep hold (:func:`bucket_shares`), so the same points.
+    """
+    import tomllib
+
+    from .. import sweep
+
+    source = _million_source()
+    cfg = tomllib.loads(Path(source).read_text() if source.endswith(".toml") else source)
+    grid = cfg["grid"]
+    rows = []
+    for (chunks, scheme), share in bucket_shares(grid, points).items():
+        one = {**cfg, "sweep": {**cfg["sweep"], "name": f"million-{scheme}-{chunks}"},
+               "grid": {**grid, "chunks": [chunks], "scheme": [scheme]}}
+        tmp = tempfile.mkdtemp(prefix="mocap-bench-sweep-bucket-")
+        try:
+            s = sweep.run_sweep(one, tmp, devices=devices, block_size=block_size, quiet=quiet, max_points=share,
+                                overwrite=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        eval_s = max(s.wall_s - s.compile_s, 1e-9)
+        rows.append({"bucket": s.bucket_labels[0], "chunks": chunks, "scheme": scheme, "points": s.points,
+                     "feasible": s.feasible, "compile_s": s.compile_s, "evaluate_s": eval_s,
+                     "assemble_s": s.assemble_s, "points_per_s_excluding_compile": s.points / eval_s})
+    total = sum(r["evaluate_s"] for r in rows)
+    n = sum(r["points"] for r in rows)
+    return {"benchmark": "sweep-by-bucket", "source": "sweeps/million.toml", "points": n,
+            "devices": s.devices, "device_kind": s.device_kind, "block_size": s.block_size,
+            "micro_batch": s.micro_batch, "compile_s": sum(r["compile_s"] for r in rows), "evaluate_s": total,
+            "points_per_s_excluding_compile": n / total, "buckets": rows}
+
+
 def cmd_bench_sweep(args) -> int:
-    d = bench_sweep(args.points, args.block_size, args.out, args.devices, args.quiet, args.write_rows)
+    if args.by_bucket:
+        if args.out is not None or args.write_rows is not None:
+            raise ValueError("--by-bucket keeps no results and writes no rows: drop --out and --write-rows")
+        d = bench_sweep_by_bucket(args.points, args.block_size, args.devices, args.quiet)
+        if args.json:
+            print(json.dumps(d))
+            return 0
+        print(f"sweep benchmark by bucket: {d['points']:,} points of {d['source']} in {len(d['buckets'])} "
+              f"bucket(s), each run alone, on {d['devices']} {d['device_kind']} device(s)")
+        print(f"  {d['evaluate_s']:.1f} s evaluating ({d['points_per_s_excluding_compile']:,.0f} points/s), "
+              f"{d['compile_s']:.1f} s compiling")
+        for r in sorted(d["buckets"], key=lambda r: -r["evaluate_s"]):
+            print(f"  {r['evaluate_s']:7.1f} s {_pct(r['evaluate_s'], d['evaluate_s']):>7}  "
+                  f"{r['points']:>9,} points {r['points_per_s_excluding_compile']:>9,.0f}/s  "
+                  f"compile {r['compile_s']:5.1f} s  {r['scheme']}, {r['chunks']} chunks ({r['bucket']})")
+        return 0
+    rows = 1_000_000 if args.write_rows is None else args.write_rows
+    d = bench_sweep(args.points, args.block_size, args.out, args.devices, args.quiet, rows)
     if args.json:
         print(json.dumps(d))
         return 0
     print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {d['devices']} {d['device_kind']} device(s)")
-    print(f"  wall time        {d['wall_s']:.1f} s (compile {d['compile_s']:.1f} s, {d['compiles']} programs)")
+    print(f"  wall time        {d['wall_s']:.1f} s (compile {d['compile_s']:.1f} s, {d['compiles']} programs; "
+          f"merging the parts {d['assemble_s']:.1f} s)")
     print(f"  throughput       {d['points_per_s']:,.0f} points/s ({d['points_per_s_excluding_compile']:,.0f} "
           f"excluding compile)")
     print(f"  peak RSS         {d['peak_rss_mb']:.0f} MiB (after JAX start-up {d['rss_after_jax_init_mb']:.0f} MiB); "
@@ -264,8 +337,11 @@ def register(sub, bench_sub) -> None:
     b.add_argument("--block-size", type=positive_int, default=None, help="points per compiled call")
     b.add_argument("--devices", type=positive_int, default=None, help="use only the first N local devices")
     b.add_argument("--out", default=None, help="keep the results here (default: a temporary directory, deleted)")
-    b.add_argument("--write-rows", type=_rows_arg, default=1_000_000,
+    b.add_argument("--write-rows", type=_rows_arg, default=None,
                    help="then time writing this many rows as CSV and as Parquet (default 1,000,000; 0 skips)")
+    b.add_argument("--by-bucket", action="store_true",
+                   help="run the same points one shape bucket (chunk count x scheme) at a time: each bucket's "
+                        "compile and evaluation seconds apart (--out and --write-rows do not apply)")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench_sweep)

@@ -55,6 +55,8 @@ class SweepSummary:
     complete: bool
     format: str = "csv"
     bucket_labels: list = field(default_factory=list)
+    #: merging the part files into the results file, seconds (part of ``wall_s``)
+    assemble_s: float = 0.0
 
     @property
     def points_per_s(self) -> float:
@@ -264,11 +266,13 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
             return None
         return assemble(lay.results, [[lay.parts / e for e in bucket] for bucket in names.all()], writer)
 
+    t_assemble = time.perf_counter()
     feasible = _on_every_process(assemble_results)
+    assemble_s = time.perf_counter() - t_assemble
     return SweepSummary(
         name=cfg.name, out_dir=str(lay.work), results=str(lay.results) if complete else None, points=plan.points,
         evaluated=counts["evaluated"], skipped=counts["skipped"], feasible=feasible, buckets=len(names.buckets),
         blocks=plan.num_blocks(), blocks_done=counts["blocks"], compiles=evaluator.compiles, compile_s=evaluator.compile_s,
         wall_s=time.perf_counter() - t_start, devices=nd, device_kind=devs[0].device_kind, block_size=bs,
         micro_batch=micro_default, config_hash=cfg.config_hash, complete=complete, format=lay.format,
-        bucket_labels=[b.label() for b in names.buckets])
+        bucket_labels=[b.label() for b in names.buckets], assemble_s=assemble_s)
