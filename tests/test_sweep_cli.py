@@ -50,6 +50,8 @@ def test_bench_by_bucket_runs_each_buckets_share_of_the_same_points(points):
     seen = collections.Counter((row["chunks"], row["scheme"]) for row in full)
     shares = bucket_shares(tomllib.loads(MILLION_TOML)["grid"], points)
     assert shares == dict(seen)
+    assert bucket_shares(tomllib.loads(MILLION_TOML)["grid"], 10 ** 7) == {
+        (chunks, scheme): 125_000 for chunks in (4, 8, 16, 32) for scheme in ("terapipe", "mbkr")}
     for (chunks, scheme), n in shares.items():
         cfg = tomllib.loads(MILLION_TOML)
         cfg["grid"].update(chunks=[chunks], scheme=[scheme])

@@ -216,14 +216,14 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
 
 def bucket_shares(grid: dict, points: int) -> dict:
     """``{(chunks, scheme): n}``: how many of the first ``points`` points of a grid (its last key
-    varying fastest) have each chunk count and scheme.  Every other key varies slower than the
-    two or between them, so a bucket's points among them are the first ``n`` points of the grid
-    with only that chunk count and scheme."""
+    varying fastest) have each chunk count and scheme.  Fixing two digits of a point's mixed-radix
+    index keeps the order of the others, so a bucket's points among them are the first ``n`` points
+    of the grid with only that chunk count and scheme."""
     import numpy as np
 
     keys = list(grid)
     sizes = [len(grid[k]) for k in keys]
-    ids = np.arange(points, dtype=np.int64)
+    ids = np.arange(min(points, int(np.prod(sizes, dtype=np.int64))), dtype=np.int64)
     index = lambda k: ids // int(np.prod(sizes[keys.index(k) + 1:], dtype=np.int64)) % sizes[keys.index(k)]
     n_schemes = len(grid["scheme"])
     counts = np.bincount(index("chunks") * n_schemes + index("scheme"), minlength=len(grid["chunks"]) * n_schemes)
