@@ -48,7 +48,7 @@ def test_bench_by_bucket_runs_each_buckets_share_of_the_same_points(points):
     scheme, in order (oracle: the expanded prefix of the whole sweep)."""
     full = sweep.expand(MILLION_TOML, max_points=points)
     seen = collections.Counter((row["chunks"], row["scheme"]) for row in full)
-    shares = bucket_shares(tomllib.loads(MILLION_TOML)["grid"], points)
+    shares = bucket_shares(MILLION_TOML, points)
     assert shares == dict(seen)
     for (chunks, scheme), n in shares.items():
         cfg = tomllib.loads(MILLION_TOML)
@@ -57,7 +57,7 @@ def test_bench_by_bucket_runs_each_buckets_share_of_the_same_points(points):
 
 
 def test_bucket_shares_stop_at_the_whole_grid():
-    assert bucket_shares(tomllib.loads(MILLION_TOML)["grid"], 10 ** 7) == {
+    assert bucket_shares(MILLION_TOML, 10 ** 7) == {
         (chunks, scheme): 125_000 for chunks in (4, 8, 16, 32) for scheme in ("terapipe", "mbkr")}
 
 

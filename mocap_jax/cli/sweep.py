@@ -214,21 +214,20 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
     }
 
 
-def bucket_shares(grid: dict, points: int) -> dict:
-    """``{(chunks, scheme): n}``: how many of the first ``points`` points of a grid (its last key
-    varying fastest) have each chunk count and scheme.  Fixing two digits of a point's mixed-radix
-    index keeps the order of the others, so a bucket's points among them are the first ``n`` points
-    of the grid with only that chunk count and scheme."""
+def bucket_shares(source, points: int) -> dict:
+    """``{(chunks, scheme): n}``: how many of the first ``points`` points of a one-grid sweep have
+    each chunk count and scheme.  Fixing two digits of a point's mixed-radix index keeps the order
+    of the others, so a bucket's points among them are the first ``n`` points of the grid with only
+    that chunk count and scheme."""
     import numpy as np
 
-    keys = list(grid)
-    sizes = [len(grid[k]) for k in keys]
-    ids = np.arange(min(points, int(np.prod(sizes, dtype=np.int64))), dtype=np.int64)
-    index = lambda k: ids // int(np.prod(sizes[keys.index(k) + 1:], dtype=np.int64)) % sizes[keys.index(k)]
-    n_schemes = len(grid["scheme"])
-    counts = np.bincount(index("chunks") * n_schemes + index("scheme"), minlength=len(grid["chunks"]) * n_schemes)
-    return {(c, sc): int(counts[i * n_schemes + j]) for i, c in enumerate(grid["chunks"])
-            for j, sc in enumerate(grid["scheme"]) if counts[i * n_schemes + j]}
+    from ..sweep import load_sweep
+    from ..sweep.space import Space
+
+    space = Space(load_sweep(source, max_points=points))
+    c = space.codes(np.arange(space.size), keys=("chunks", "scheme"))
+    pairs, counts = np.unique(np.stack([c["chunks"], c["scheme"]], axis=1), axis=0, return_counts=True)
+    return {(space.tables["chunks"][i], space.tables["scheme"][j]): int(n) for (i, j), n in zip(pairs, counts)}
 
 
 def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None, devices=None,
@@ -238,19 +237,18 @@ def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None
     Run alone, a bucket's compile and evaluation do not overlap those of the others, so its
     seconds are its own: where the sweep's time goes.  Each bucket's run evaluates the first
     points of the million-point grid restricted to its chunk count and scheme, as many as the
-    first ``points`` points of the sweep hold (:func:`bucket_shares`), so the same points.
+    first ``points`` points of the sweep hold (:func:`bucket_shares`), so the same points
+    (``MILLION_TOML`` is sweeps/million.toml's text; a test checks they agree).
     """
     import tomllib
 
     from .. import sweep
 
-    source = _million_source()
-    cfg = tomllib.loads(Path(source).read_text() if source.endswith(".toml") else source)
-    grid = cfg["grid"]
+    cfg = tomllib.loads(MILLION_TOML)
     rows = []
-    for (chunks, scheme), share in bucket_shares(grid, points).items():
+    for (chunks, scheme), share in bucket_shares(MILLION_TOML, points).items():
         one = {**cfg, "sweep": {**cfg["sweep"], "name": f"million-{scheme}-{chunks}"},
-               "grid": {**grid, "chunks": [chunks], "scheme": [scheme]}}
+               "grid": {**cfg["grid"], "chunks": [chunks], "scheme": [scheme]}}
         tmp = tempfile.mkdtemp(prefix="mocap-bench-sweep-bucket-")
         try:
             s = sweep.run_sweep(one, tmp, devices=devices, block_size=block_size, quiet=quiet, max_points=share,

@@ -80,23 +80,25 @@ class Space:
             self.tables[k].append(v)
         return idx[key]
 
-    def codes(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """``{key: int32[len(ids)]}`` value-table index of every key at every id."""
+    def codes(self, ids: np.ndarray, keys=None) -> dict[str, np.ndarray]:
+        """``{key: int32[len(ids)]}`` value-table index of every key (or of ``keys``) at every id."""
         ids = np.asarray(ids, np.int64)
-        out = {k: np.full(len(ids), c, np.int32) for k, c in self.base_code.items()}
-        for off, size, keys, axes, strides in self.grids:
+        out = {k: np.full(len(ids), self.base_code[k], np.int32) for k in (KEYS if keys is None else keys)}
+        for off, size, grid_keys, axes, strides in self.grids:
             sel = (ids >= off) & (ids < off + size)
             if not sel.any():
                 continue
             local = ids[sel] - off
-            for k, a, st in zip(keys, axes, strides):
-                out[k][sel] = a[(local // st) % len(a)]
+            for k, a, st in zip(grid_keys, axes, strides):
+                if k in out:
+                    out[k][sel] = a[(local // st) % len(a)]
         if self.row_codes:
             sel = ids >= self.rows_offset
             if sel.any():
                 local = ids[sel] - self.rows_offset
                 for k, col in self.row_codes.items():
-                    out[k][sel] = col[local]
+                    if k in out:
+                        out[k][sel] = col[local]
         return out
 
     def values(self, key: str, codes: np.ndarray, fill=np.nan, dtype=np.float64) -> np.ndarray:
