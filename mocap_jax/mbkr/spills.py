@@ -144,6 +144,26 @@ def _in_flight_activation(times, start, finish, activation, inclusive: bool):
     return jnp.where(running, activation[jj], 0.0)
 
 
+#: a pair's per-group ledgers keep up to this many group slots as separate scalars: under ``vmap`` a
+#: trailing axis of a few slots vectorises badly (a static pair's spill decisions at 64 items and two
+#: slots took about 25% less time); more slots stay one array, since unrolled scalars would make the
+#: scan body, and its compile time, grow with the slots
+SCALAR_SLOTS = 4
+
+
+def _slot_ids(G: int) -> tuple:
+    """Slot ids of each part of a ledger of ``G`` group slots: one scalar per slot, or one array."""
+    return tuple(jnp.asarray(k) for k in range(G)) if G <= SCALAR_SLOTS else (jnp.arange(G),)
+
+
+def _total(parts):
+    """Sum of a ledger's parts, in slot order."""
+    total = parts[0].sum()
+    for v in parts[1:]:
+        total = total + v.sum()
+    return total
+
+
 def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     """Events of the pair (a, b) (``ok``: b is a's partner; else a alone), processed in order."""
     E = st.start.shape[0]
@@ -181,33 +201,38 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
                           jnp.concatenate([other_act.reshape(-1), zeros])], axis=-1)[order]
     ev = (side[order], kind[order] == 1, group[order], by_order[:, 1], by_order[:, 2], by_order[:, 3],
           jnp.isfinite(by_order[:, 0]))
-    gid = jnp.arange(G)
+    slot_ids = _slot_ids(G)
 
     def step(state, e):
-        # per side (a, b), [G] each: its own KV, and the KV it spilled to the other side; then the
-        # running peaks [2] and overflow (kept in the carry: reducing stacked per-event values costs more)
+        # per side (a, b), ledgers of the group slots (:data:`SCALAR_SLOTS`): its own KV, and the KV it
+        # spilled to the other side; then the running peaks and overflow (kept in the carry: reducing
+        # stacked per-event values costs more)
         own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow = state
         x, starting, g, kv_e, act_e, act_other, real = e
         on_b = x == 1                                          # the event is on side b
         this = lambda va, vb: jnp.where(on_b, vb, va)
-        local_a, local_b = own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()
+        local_a, local_b = _total(own_a) + _total(spilled_b), _total(own_b) + _total(spilled_a)
         moved, over = decide(this(local_a, local_b), kv_e, act_e, this(budget[0], budget[1]),
                              this(local_b, local_a), act_other, this(budget[1], budget[0]), ok, p1, p2, spill)
         moved = jnp.where(starting, moved, 0.0)
-        group_g = gid == g
-        # a start adds the item's kept and moved KV to its group; a release frees the group
-        keep = lambda v, add: jnp.where(group_g, jnp.where(starting, v + add, 0.0), v)
-        own_a, own_b = this(keep(own_a, kv_e - moved), own_a), this(own_b, keep(own_b, kv_e - moved))
-        spilled_a, spilled_b = this(keep(spilled_a, moved), spilled_a), this(spilled_b, keep(spilled_b, moved))
-        held = jnp.stack([own_a.sum() + spilled_b.sum(), own_b.sum() + spilled_a.sum()])
-        in_flight = jnp.stack([this(act_e, act_other), this(act_other, act_e)])
-        peak = jnp.where(starting, jnp.maximum(peak, weights + held + in_flight), peak)
-        kv_peak = jnp.where(real, jnp.maximum(kv_peak, held), kv_peak)
+        # a start adds the item's kept and moved KV to its group on the event's side; a release frees the group
+        def keep(mine, parts, add):
+            return tuple(jnp.where(mine & (g == k), jnp.where(starting, v + add, 0.0), v)
+                         for k, v in zip(slot_ids, parts))
+        own_a, own_b = keep(~on_b, own_a, kv_e - moved), keep(on_b, own_b, kv_e - moved)
+        spilled_a, spilled_b = keep(~on_b, spilled_a, moved), keep(on_b, spilled_b, moved)
+        held = (_total(own_a) + _total(spilled_b), _total(own_b) + _total(spilled_a))
+        in_flight = (this(act_e, act_other), this(act_other, act_e))
+        peak = tuple(jnp.where(starting, jnp.maximum(p, w + h + f), p)
+                     for p, w, h, f in zip(peak, weights, held, in_flight))
+        kv_peak = tuple(jnp.where(real, jnp.maximum(p, h), p) for p, h in zip(kv_peak, held))
         return (own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow | (starting & over)), moved
 
-    zeros = jnp.zeros((G,), kv.dtype)
-    init = (zeros,) * 4 + (weights, jnp.zeros(2, kv.dtype), jnp.zeros((), bool))
+    zero = jnp.zeros((), kv.dtype)
+    ledger = tuple(jnp.zeros(k.shape, kv.dtype) for k in slot_ids)
+    init = (ledger,) * 4 + ((weights[0], weights[1]), (zero, zero), jnp.zeros((), bool))
     (*_, peak, kv_peak, overflow), moved = lax.scan(step, init, ev)
+    peak, kv_peak = jnp.stack(peak), jnp.stack(kv_peak)
     moved_items = moved[rank][: 2 * E].reshape(2, E)           # back from processing order to event ids
     return moved_items, peak, kv_peak, overflow
 
