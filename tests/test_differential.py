@@ -173,6 +173,6 @@ def test_validate_command(capsys):
 def test_bench_reference_command(capsys):
     assert _cli(["bench", "reference", "--configs", "8", "--repeats", "2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["configs"] == 8 and res["max_rel_err_latency"] <= 1e-4
-    assert res["reference_wall_s"] > 0 and res["vectorised_wall_s"] > 0
-    assert res["speedup"] == pytest.approx(res["reference_wall_s"] / res["vectorised_wall_s"])
+    assert res["configs"] == 8 and res["max_rel_err_latency"] <= 1e-4 and res["feasible_configs"] == 8
+    # a call this small runs on one of the (eight fake) devices, and the benchmark says so
+    assert res["devices"] == 1 and res["local_devices"] == 8

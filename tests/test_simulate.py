@@ -218,3 +218,26 @@ def test_mbkr_blocks_in_steps_equal_one_step(monkeypatch):
     assert (one["spilled_bytes_per_stage"].sum(1) == 0).any()
     for k in kw["fields"]:
         np.testing.assert_allclose(steps[k], one[k], rtol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("scheme", ["terapipe", "mbkr"])
+def test_blocks_sharded_over_the_devices_equal_one_device(monkeypatch, scheme):
+    """A block sharded over every local device (8 fake ones here) gives what one device gives.  By
+    default a block this small runs on one device (sharding costs more than it saves), so both
+    layouts are forced, and the devices each compiled program got are recorded."""
+    S, B = 65536, np.arange(70, 134, 2)                   # MBKR: some points spill, some fit, some overflow
+    kw = dict(chunks=8, batch=np.repeat(B, 4), block_size=128, num_batches=2, dtype="float32",
+              fields=("prefill_latency_s", "raw_latency_s", "feasible", "peak_mem_bytes_per_stage",
+                      "spilled_bytes_per_stage", "overflow"))
+    used = []
+    program = prefill_batch._program
+    monkeypatch.setattr(prefill_batch, "_program", lambda *args: used.append(len(args[4])) or program(*args))
+    monkeypatch.setattr(prefill_batch, "SHARD_CELLS", 1 << 62)
+    one = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, scheme, **kw)
+    monkeypatch.setattr(prefill_batch, "SHARD_CELLS", 0)
+    sharded = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, scheme, **kw)
+    assert used == [1, len(jax.local_devices())] and used[1] > 1
+    if scheme == "mbkr":
+        assert (one["spilled_bytes_per_stage"].sum(1) > 0).any() and (one["spilled_bytes_per_stage"].sum(1) == 0).any()
+    for k in kw["fields"]:
+        np.testing.assert_allclose(sharded[k], one[k], rtol=1e-6, err_msg=k)

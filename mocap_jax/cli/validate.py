@@ -282,7 +282,8 @@ def cmd_bench_reference(args) -> int:
           f"{res['dtype']}, load average {res['loadavg']}")
     print(f"  event-driven reference  {res['reference_wall_s']:10.3f} s  ({res['reference_per_config_us']:10.1f} us/config)")
     print(f"  vectorised (one call)   {res['vectorised_wall_s']:10.3f} s  ({res['vectorised_per_config_us']:10.1f} us/config,"
-          f" median of {args.repeats}; best {res['vectorised_best_s']:.3f} s)")
+          f" median of {args.repeats}; best {res['vectorised_best_s']:.3f} s; {res['devices']} of "
+          f"{res['local_devices']} x {res['device_kind']})")
     print(f"  compile (warm-up call)  {res['compile_s']:10.3f} s")
     print(f"  speed-up                {res['speedup']:10.1f} x")
     print(f"  latency agreement       {res['max_rel_err_latency']:10.2e} max relative error "

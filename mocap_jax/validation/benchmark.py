@@ -34,13 +34,17 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
     """Time ``configs`` TeraPipe points through one ``simulate_batch`` call and through the reference.
 
     Returns:
-      ``configs``, the settings, ``vectorised_wall_s`` (median of ``repeats`` timed calls) and
+      ``configs``, the settings, ``devices`` (of ``local_devices``) the vectorised call ran on and
+      their ``device_kind``, ``vectorised_wall_s`` (median of ``repeats`` timed calls) and
       ``vectorised_best_s``, ``warmup_call_s`` and ``compile_s`` (warm-up minus the median),
       ``reference_wall_s`` (every point one by one), ``speedup`` (reference / vectorised median),
       per-configuration microseconds of both, ``max_rel_err_latency`` between them and
       ``feasible_configs`` (reference).
     """
-    from ..api import simulate_batch
+    import jax
+
+    from ..api import resolve, simulate_batch
+    from ..prefill.batch import block_devices
     from .reference import reference_simulate
 
     configs = checks.integer("configs", configs, 1, LIMITS["requests"])
@@ -62,6 +66,10 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
         out = call()
         walls.append(time.perf_counter() - t1)
     vec_wall = float(np.median(walls))
+    # the devices the call's one block ran on (a small block runs on one: sharding costs more than it saves)
+    shape = resolve(model, hardware, int(pts["seq_len"][0]), "terapipe", partition=pts["partition"][0],
+                    num_batches=num_batches, dtype=dtype).shape()
+    devices = block_devices(shape, configs)
     lat_vec = np.asarray(out["raw_latency_s"], np.float64)
     lat_ref = np.empty(configs)
     feasible = 0
@@ -73,6 +81,7 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
         feasible += int(r.feasible)
     ref_wall = time.perf_counter() - t2
     return dict(configs=configs, model=model, hardware=hardware, chunks=chunks, dtype=dtype, num_batches=num_batches,
+                devices=len(devices), device_kind=devices[0].device_kind, local_devices=len(jax.local_devices()),
                 vectorised_wall_s=vec_wall, vectorised_best_s=float(min(walls)), warmup_call_s=warm,
                 compile_s=max(warm - vec_wall, 0.0), reference_wall_s=ref_wall, speedup=ref_wall / vec_wall,
                 reference_per_config_us=1e6 * ref_wall / configs, vectorised_per_config_us=1e6 * vec_wall / configs,
