@@ -215,7 +215,7 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
     step = min(step_size(shape), size // nd)
     size = -(-size // (step * nd)) * step * nd
     leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda x: x is None)
-    program, rows, shared = _program(shape, tuple(fields), tuple(leaves), treedef, tuple(local[:nd]), step)
+    program, rows, shared = _program(shape, tuple(fields), tuple(leaves), treedef, tuple(local), step)
     flat_points = jax.tree_util.tree_leaves(points)
     shared_leaves = [np.asarray(x) for x, ax in zip(flat_points, leaves) if ax is None]
     if shared is not None:

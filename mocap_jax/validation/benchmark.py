@@ -66,7 +66,7 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
         out = call()
         walls.append(time.perf_counter() - t1)
     vec_wall = float(np.median(walls))
-    # the devices the call's one block ran on (a small block runs on one: sharding costs more than it saves)
+    # the devices the call's blocks ran on (a small block runs on one: sharding costs more than it saves)
     shape = resolve(model, hardware, int(pts["seq_len"][0]), "terapipe", partition=pts["partition"][0],
                     num_batches=num_batches, dtype=dtype).shape()
     devices = block_devices(shape, configs)
