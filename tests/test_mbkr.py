@@ -140,19 +140,27 @@ def _random_stages(rng, E, N, G, tight):
                   release=release, weights=np.full(N, 3.0), budget=budget, live=np.ones(N, bool))
 
 
-@pytest.mark.parametrize("seed", range(4))
+#: one program per group count and spill policy: the numbers are traced
+_pair_spills = jax.jit(pair_spills, static_argnums=(5, 6))
+_dynamic_spills = jax.jit(dynamic_spills, static_argnums=(4,))
+
+
+@pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("groups", [1, 2, 6])
-def test_pair_spills_match_the_event_oracle(seed, groups):
+@pytest.mark.parametrize("live", [8, 7])       # 7 live stages of 8 slots: the middle one has no partner
+def test_pair_spills_match_the_event_oracle(seed, groups, live):
     if groups == 6:
         assert groups > SCALAR_SLOTS, "this case covers a pair's group ledgers kept as one array, not scalars"
     rng = np.random.default_rng(seed)
     N, G = 8, groups
     st = _random_stages(rng, 12, N, G, tight=rng.uniform(0.5, 1.1))
+    alive = np.arange(N) < live
+    st = st._replace(live=alive, weights=np.where(alive, st.weights, 0.0))
     p1, p2 = float(rng.choice([0.0, 0.1])), float(rng.choice([0.7, 0.85, 1.0]))
     code = int(rng.choice([1, 2]))
-    partner = partner_of(code, N, N, xp=np)
+    partner = np.where(alive, partner_of(code, live, N, xp=np), -1)
     for spill, eager in ((Spill.OVERFLOW, False), (Spill.EAGER, True)):
-        got = jax.jit(lambda s: pair_spills(s, jnp.asarray(partner), N, p1, p2, spill, (N + 1) // 2))(st)
+        got = _pair_spills(st, jnp.asarray(partner), live, p1, p2, spill, (N + 1) // 2)
         moved, peak, overflow = oracle_spills(st, partner, p1, p2, eager=eager)
         np.testing.assert_allclose(got.moved, moved, rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(got.peak, peak, rtol=1e-9)
@@ -160,11 +168,14 @@ def test_pair_spills_match_the_event_oracle(seed, groups):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_dynamic_spills_match_the_event_oracle(seed):
+@pytest.mark.parametrize("live", [6, 5])       # 5 live stages of 6 slots: the sixth's events lie at infinity
+def test_dynamic_spills_match_the_event_oracle(seed, live):
     rng = np.random.default_rng(100 + seed)
     N, G = 6, 2
     st = _random_stages(rng, 8, N, G, tight=rng.uniform(0.6, 1.0))
-    got = jax.jit(lambda s: dynamic_spills(s, N, 0.0, 0.85, Spill.OVERFLOW))(st)
+    alive = np.arange(N) < live
+    st = st._replace(live=alive, weights=np.where(alive, st.weights, 0.0))
+    got = _dynamic_spills(st, live, 0.0, 0.85, Spill.OVERFLOW)
     moved, peak, overflow = oracle_spills(st, np.full(N, -1), 0.0, 0.85, dynamic=True)
     np.testing.assert_allclose(got.moved, moved, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(got.peak, peak, rtol=1e-9)

@@ -316,3 +316,19 @@ def test_a_read_served_by_a_finished_host_delays_nothing():
     assert ref.blocking_s == 0
     vec = vectorised_group([cfg], "float64", 10)
     np.testing.assert_allclose(vec["blocking_s_per_stage"][0][:8], ref.blocking_s_per_stage, atol=1e-12)
+
+
+@pytest.mark.parametrize("pairing", ["cross-half", "head-to-tail"])
+def test_an_odd_stage_count_leaves_the_middle_stage_alone_and_mbkr_still_admits_more(pairing):
+    """Nine stages: the middle one has no partner.  Its pair program runs alone (an absent partner's
+    events lie at infinity and decide nothing), so MBKR admits the batch the reference admits, one
+    above the largest without MBKR, and not the one above that."""
+    from mocap_jax.api import max_feasible_batch, simulate
+
+    kw = dict(chunks=16, num_batches=1)
+    plain = max_feasible_batch("llama3-70b", "mocap-3x3", 65536, "terapipe", **kw)
+    for batch, fits in ((plain + 1, True), (plain + 2, False)):
+        ref = reference_simulate("llama3-70b", "mocap-3x3", 65536, "mbkr", batch=batch, pairing=pairing, **kw)
+        arr = simulate("llama3-70b", "mocap-3x3", 65536, "mbkr", batch=batch, pairing=pairing, timeline=False, **kw)
+        assert len(ref.weight_bytes_per_stage) == 9 and ref.feasible == fits
+        assert arr.feasible == fits and arr.prefill_latency_s == pytest.approx(ref.prefill_latency_s, rel=1e-4)

@@ -226,7 +226,10 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
         peak = tuple(jnp.where(starting, jnp.maximum(p, w + h + f), p)
                      for p, w, h, f in zip(peak, weights, held, in_flight))
         kv_peak = tuple(jnp.where(real, jnp.maximum(p, h), p) for p, h in zip(kv_peak, held))
-        return (own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow | (starting & over)), moved
+        # a stage without a partner runs with an absent side b, whose events all lie at infinity: they
+        # decide nothing, and cannot overflow
+        overflow = overflow | (starting & over & real)
+        return (own_a, own_b, spilled_a, spilled_b, peak, kv_peak, overflow), moved
 
     zero = jnp.zeros((), kv.dtype)
     ledger = tuple(jnp.zeros(k.shape, kv.dtype) for k in slot_ids)
@@ -343,7 +346,9 @@ def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
         peak = jnp.maximum(peak, jnp.where(live, st.weights + held + running, 0.0))
         kv_peak = jnp.where(jnp.isfinite(tm), jnp.maximum(kv_peak, held), kv_peak)
         out = (moved, jnp.where(starting, p, -1), migrated, jnp.where(migrated > 0, old, -1))
-        return (own, spilled, partner, running, peak, kv_peak, overflow | (starting & over)), out
+        # events at infinity (stages that do not exist, padded items) decide nothing, and cannot overflow
+        overflow = overflow | (starting & over & jnp.isfinite(tm))
+        return (own, spilled, partner, running, peak, kv_peak, overflow), out
 
     zeros = jnp.zeros((N, G), dt)
     init = (zeros, zeros, jnp.full((N,), -1, jnp.int32), jnp.zeros((N,), dt), st.weights, jnp.zeros((N,), dt),

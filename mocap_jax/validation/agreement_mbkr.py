@@ -30,7 +30,7 @@ TARGET_MEAN = 0.01
 TARGET_MAX = 0.05
 #: item slots of every MBKR program (2 to 16 chunks)
 K_PAD = 16
-#: meshes for each stage bucket (stages = the bucket; fewer dies than the mesh has: a random subset)
+#: meshes for each stage bucket (stages = the bucket or one fewer; fewer dies than the mesh has: a random subset)
 MESHES_FOR_BUCKET = {4: ("mocap-2x2", "mocap-2x4"), 8: ("mocap-2x4", "mocap-4x4", "mocap-4x4x2w"),
                      16: ("mocap-4x4", "mocap-4x4x2w"), 32: ("mocap-4x4x2w",)}
 PROGRAM_FIELDS = ("raw_latency_s", "feasible", "peak_mem_bytes_per_stage", "kv_peak_bytes_per_stage",
@@ -127,11 +127,13 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, programs: i
     while total < n:
         prog = progs[len(out) % len(progs)] if len(out) < len(progs) else progs[int(rng.integers(len(progs)))]
         model, hardware = str(rng.choice(models)), str(rng.choice(MESHES_FOR_BUCKET[prog.stages]))
-        if not weights_fit(model, hardware, prog.stages):
+        # the bucket's stage count or one fewer: an odd count leaves a static pairing's middle stage alone
+        stages = prog.stages - int(rng.random() < 0.5)
+        if not weights_fit(model, hardware, stages):
             continue
         pairing = {"none": "none", "dynamic": "dynamic"}.get(prog.mode) or str(rng.choice(["cross-half",
                                                                                             "head-to-tail"]))
-        placement = _placement(rng, hardware, prog.stages, pairing, searched)
+        placement = _placement(rng, hardware, stages, pairing, searched)
         p1 = 0.0 if rng.random() < 0.7 else float(rng.uniform(0.0, 0.3))
         p2 = 0.85 if rng.random() < 0.3 else float(rng.uniform(max(p1, 0.5), 0.98))
         overlap = 0.5 if rng.random() < 0.3 else float(rng.uniform(0.0, 1.0))
@@ -141,8 +143,8 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, programs: i
             seq_len = int(round(2 ** rng.uniform(*seq_log2)))
             partition = random_partition(rng, seq_len, int(rng.integers(2, K_PAD + 1)))
             # streaming under the request policy, the next batch's first chunks overlap the last ones
-            scale = 1 / (1 + min(prog.stages - 1, len(partition)) / len(partition)) if batches_overlap else 1.0
-            batch = fill_batch(model, hardware, prog.stages, partition, scale * rng.uniform(*fill))
+            scale = 1 / (1 + min(stages - 1, len(partition)) / len(partition)) if batches_overlap else 1.0
+            batch = fill_batch(model, hardware, stages, partition, scale * rng.uniform(*fill))
             group.append(AgreementConfig(
                 model=model, hardware=hardware, seq_len=seq_len, scheme="mbkr", batch=batch, partition=partition, release=prog.release, admission=prog.admission,
                 num_batches=prog.num_batches, placement=placement, pairing=pairing, p1=p1, p2=p2,
