@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
-from ..prefill.batch import ALL_FIELDS, evaluate_points
+from ..prefill.batch import ALL_FIELDS, BLOCK, evaluate_points
 from ..prefill.points import batched_items
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
@@ -20,7 +20,7 @@ DEFAULT_FIELDS = tuple(f for f in ALL_FIELDS if f not in ("finish", "start", "it
 def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks: int | None = None, batch=1,
                    partition=None, release: str = "stage", admission: str = "streaming", num_batches: int = 2,
                    microbatch: int = 1, stages: int | None = None, placement=None, dtype="float32",
-                   block_size: int = 16384, k_pad: int | None = None, pairing: str = "cross-half",
+                   block_size: int = BLOCK, k_pad: int | None = None, pairing: str = "cross-half",
                    p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
                    spill: str = "overflow", fields=DEFAULT_FIELDS, tp: int = 1) -> dict[str, np.ndarray]:
     """Evaluate P configurations of one model and hardware.

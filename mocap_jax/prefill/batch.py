@@ -142,6 +142,8 @@ def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, sha
     return {f: out[f] for f in fields}
 
 
+#: configurations per compiled call, by default (bounds memory)
+BLOCK = 16384
 #: a block's work, in item-stage cells (an MBKR cell counting :data:`MBKR_CELL_WEIGHT`), below which it
 #: runs on one device: on CPU, sharding a call over several devices costs a fixed few milliseconds
 #: (measured on 2 cores: 6.7 against 1.6 ms for 8 TeraPipe configurations of 32 items x 16 stages;
@@ -158,7 +160,7 @@ def _block_size(count: int, block: int) -> int:
     return block if count > block else min(bucket(count, 8), block)
 
 
-def block_devices(shape: SimShape, count: int, block: int = 16384, devices: Sequence | None = None) -> list:
+def block_devices(shape: SimShape, count: int, block: int = BLOCK, devices: Sequence | None = None) -> list:
     """The devices :func:`evaluate_points` shards each block of ``count`` configurations over.
 
     ``devices`` (default: every local device, if a block's work reaches :data:`SHARD_CELLS`), or the
@@ -195,7 +197,7 @@ def batch_axes(points: Point, batched_leaf) -> Point:
 
 
 def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Sequence[str] = ALL_FIELDS,
-                    block: int = 16384, devices: Sequence | None = None) -> dict[str, np.ndarray]:
+                    block: int = BLOCK, devices: Sequence | None = None) -> dict[str, np.ndarray]:
     """Evaluate ``count`` configurations; returns NumPy arrays with a leading axis ``count``.
 
     Args:
