@@ -58,6 +58,7 @@ def test_fuzzed_arguments_give_a_message_or_an_honest_result(field, value):
     (dict(partition=[2048, 0, 2048], chunks=None), "partition"),
     (dict(seq_len=2 ** 31), "largest value"),
     (dict(batch=2 ** 31), "largest value"),
+    (dict(scheme="gpipe", partition=[1024, 3072], chunks=None), "not gpipe"),
 ])
 def test_api_bad_input_is_a_value_error(kw, fragment):
     args = dict(model="llama3.1-8b", hardware="mocap-2x2", seq_len=4096, chunks=4)
@@ -75,6 +76,14 @@ def test_batched_bad_input_is_a_value_error():
         simulate_batch("llama3.1-8b", "mocap-2x2", [4096, 8192], batch=[1, 2, 3])
     with pytest.raises(ValueError, match="largest value"):
         max_feasible_seq_len("llama3.1-8b", "mocap-2x2", max_seq_len=4611686018427387904)
+    with pytest.raises(ValueError, match=r"chunks=3 but partition rows have \[2\] chunks"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 8000, chunks=3, partition=[[4000, 4000]])
+    with pytest.raises(ValueError, match="not gpipe"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 8000, "gpipe", partition=[[4000, 4000]])
+    for fractions, fragment in (([0.9, 0.9], "summing to 1"), ([-1.0, 2.0], "positive"), ([0.5, 0.25, 0.25], "per chunk"),
+                                ([0.5, math.nan], "positive"), ("half", "numbers")):
+        with pytest.raises(ValueError, match=fragment):
+            max_feasible_seq_len("llama3.1-8b", "mocap-2x2", chunks=2, fractions=fractions)
 
 
 def test_the_largest_admitted_values_stay_honest_in_float32_and_agree_with_float64():

@@ -152,6 +152,54 @@ def test_infeasible_when_neither_stage_has_room():
     np.testing.assert_array_equal(none.peak_mem_bytes_per_stage, plain.peak_mem_bytes_per_stage)
 
 
+@pytest.mark.parametrize("pairing", ["cross-half", "dynamic"])
+def test_a_stage_no_spill_touches_is_judged_exactly(pairing):
+    """The rounding tolerance of the spill rule covers only stages a spill touched: a stage that
+    overflows by a hair (0.1 ppm) with no creditor to spill to (p1 = p2 = 1) does not
+    fit, as without MBKR; with an idle, empty partner it spills the hair and fits."""
+    from mocap_jax.api import simulate
+
+    S = 16384
+    plain = _plain([S])
+    need = plain.weight_bytes_per_stage + plain.kv_bytes[0] + plain.activation_bytes[0]
+    hair = 1e-7 * need.max()
+    hw = _sized(need.max() - hair)      # only the stage of the larger need overflows, by the hair
+    kw = dict(partition=[S], num_batches=1, placement=PAIR)
+    assert not reference_simulate(MODEL, hw, S, **kw).feasible and need.min() < need.max() - hair
+    for p1, p2, fits in ((1.0, 1.0, False), (0.0, 1.0, True)):
+        ref = reference_simulate(MODEL, hw, S, "mbkr", pairing=pairing, p1=p1, p2=p2, **kw)
+        arr = simulate(MODEL, hw, S, "mbkr", pairing=pairing, p1=p1, p2=p2, stages=2, dtype="float64", timeline=False,
+                       **kw)
+        assert ref.feasible == arr.feasible == fits, (p1, p2)
+        assert (ref.spilled_bytes > 0) == fits and (arr.extra["spilled_bytes"] > 0) == fits
+        if not fits:
+            assert ref.peak_mem_bytes_per_stage.max() > ref.capacity_bytes
+
+
+def test_a_stage_without_kv_budget_ranks_as_full():
+    """Weights that fill a stage's usable HBM exactly leave it no KV budget: dynamic pairing ranks it
+    as full (not by 0 / 0), and with no activation buffers it spills all its KV and fits."""
+    from mocap_jax.api import simulate
+    from mocap_jax.costs import HardwareParams, ModelParams, stage_weight_bytes
+
+    base = BASE.replace(activation_buffer_scale=0.0)
+    w = np.asarray(stage_weight_bytes(ModelParams.from_spec(MODEL, np.float64),
+                                      HardwareParams.from_spec(base, np.float64), 4, 4, xp=np))
+    frac, cap = base.usable_hbm_fraction, w.max() / base.usable_hbm_fraction
+    for _ in range(64):    # the capacity whose usable bytes equal the largest stage's weights exactly
+        if cap * frac == w.max():
+            break
+        cap = np.nextafter(cap, np.inf if cap * frac < w.max() else -np.inf)
+    hw = base.replace(name="no-kv-budget", hbm_capacity=float(cap))
+    kw = dict(chunks=4, batch=1, num_batches=1, pairing="dynamic")
+    ref = reference_simulate(MODEL, hw, 1000, "mbkr", **kw)
+    assert min(ref.kv_budget_bytes_per_stage) == 0
+    arr = simulate(MODEL, hw, 1000, "mbkr", placement="snake", dtype="float64", timeline=False, **kw)   # as the reference
+    assert ref.feasible and arr.feasible and ref.spilled_bytes > 0
+    assert arr.raw_latency_s == pytest.approx(ref.raw_latency_s, rel=1e-12)
+    assert dynamic_matches([0.0, 5.0, 1.0], [0.0, 10.0, 10.0]) == [2, -1, 0]
+
+
 def r_hw(r):
     """The sized die of a hand-case result (its usable HBM)."""
     return _sized(r.capacity_bytes)
@@ -332,3 +380,25 @@ def test_an_odd_stage_count_leaves_the_middle_stage_alone_and_mbkr_still_admits_
         arr = simulate("llama3-70b", "mocap-3x3", 65536, "mbkr", batch=batch, pairing=pairing, timeline=False, **kw)
         assert len(ref.weight_bytes_per_stage) == 9 and ref.feasible == fits
         assert arr.feasible == fits and arr.prefill_latency_s == pytest.approx(ref.prefill_latency_s, rel=1e-4)
+
+
+def test_dynamic_pairing_can_make_feasibility_non_monotone_in_the_batch():
+    """The example of docs/semantics.md: with dynamic pairing a larger batch re-ranks the stages and
+    can fit where a smaller one does not (both simulators agree); the batch search then returns a
+    local maximum, a B' that fits with B' + 1 not fitting, which one depending on its range."""
+    from mocap_jax.api import max_feasible_batch, simulate_batch
+
+    part = [3902, 2027, 9834, 15247, 97797, 6220, 14421, 2934, 24155]
+    kw = dict(num_batches=1, pairing="dynamic")
+    batches = np.array([39, 40, 42, 43, 46, 47])
+    fits = [True, False, False, True, True, False]
+    for b, fit in zip(batches, fits):   # the reference runs the snake order
+        ref = reference_simulate("llama3.1-8b", "mocap-2x4", sum(part), "mbkr", batch=int(b), partition=part, **kw)
+        assert ref.feasible == fit
+    arr = simulate_batch("llama3.1-8b", "mocap-2x4", sum(part), "mbkr", batch=batches, partition=[part] * len(batches),
+                         placement="snake", fields=("feasible",), **kw)
+    assert arr["feasible"].tolist() == fits
+    # either local maximum, depending on the bracket the search starts from
+    search = lambda top: max_feasible_batch("llama3.1-8b", "mocap-2x4", sum(part), "mbkr", partition=part,
+                                            placement="snake", max_batch=top, **kw)
+    assert (search(1024), search(64)) == (39, 46)

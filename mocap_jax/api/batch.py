@@ -69,8 +69,15 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
         if np.any(part.sum(1) != seq):
             bad = int(np.argmax(part.sum(1) != seq))
             raise SpecError(f"partition row {bad} sums to {int(part[bad].sum())} but seq_len is {int(seq[bad])}")
+        if (partition is not None and chunks is not None
+                and np.any(live.sum(1) != checks.integer("chunks", chunks, 1, LIMITS["chunks"]))):
+            raise SpecError(f"chunks={chunks} but partition rows have {sorted(set(live.sum(1).tolist()))} chunks; "
+                            f"pass one or the other")
         items_needed = int(live.sum(1).max())
     else:
+        if part is not None:
+            raise SpecError("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits "
+                            "the batch by microbatch instead")
         items_needed = int(-(-bat.max() // checks.integer("microbatch", microbatch, 1, LIMITS["batch"])))
     if items_needed > LIMITS["chunks"]:
         raise SpecError(f"{items_needed} items per batch exceed the {LIMITS['chunks']} the simulator holds")

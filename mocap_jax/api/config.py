@@ -229,6 +229,9 @@ def resolve(model, hardware, seq_len, scheme: str = "terapipe", *, chunks=None, 
     nb = checks.integer("num_batches", num_batches, 1, LIMITS["num_batches"])
     micro = checks.integer("microbatch", microbatch, 1, LIMITS["batch"])
     if partition is not None:
+        if scheme == "gpipe":
+            raise SpecError("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits "
+                            "the batch by microbatch instead")
         part = check_partition(partition, S)
         if chunks is not None and checks.integer("chunks", chunks, 1, LIMITS["chunks"]) != len(part):
             raise SpecError(f"chunks={chunks} but the partition has {len(part)} chunks; pass one or the other")

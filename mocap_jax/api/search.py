@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
@@ -103,7 +105,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
     hi = top // g
     if hi < lo:
         raise SpecError(f"max_seq_len={top} is below the shortest sequence {lo * g} for {M} chunks")
-    frac = None if fractions is None else np.asarray(fractions, np.float64)
+    frac = None if fractions is None else check_fractions(fractions, M, scheme)
     slots = bucket(-(-cfg.batch // cfg.microbatch)) if scheme == "gpipe" else bucket(M)
 
     def feasible(units):
@@ -117,6 +119,22 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
         return evaluate_points(pts, cfg.shape(slots), axes, len(seqs), ("feasible",))["feasible"]
 
     return max(largest_true(feasible, lo, hi), 0) * g
+
+
+def check_fractions(fractions, chunks: int, scheme: str) -> np.ndarray:
+    """Chunk-size fractions of a length search: ``chunks`` positive shares summing to 1."""
+    if scheme == "gpipe":
+        raise SpecError("fractions apply to the chunked schemes (terapipe, mbkr), not gpipe")
+    try:
+        frac = np.asarray(fractions, np.float64)
+    except (TypeError, ValueError):
+        raise SpecError(f"fractions must be a list of {chunks} numbers, got {fractions!r}") from None
+    if frac.shape != (chunks,):
+        raise SpecError(f"fractions must list one share per chunk ({chunks}), got shape {frac.shape}")
+    if not np.all(np.isfinite(frac) & (frac > 0)) or abs(math.fsum(frac) - 1.0) > 1e-6:
+        raise SpecError(f"fractions must be positive shares of the sequence summing to 1, got {frac.tolist()}; "
+                        f"divide chunk sizes by their sum")
+    return frac
 
 
 def scaled_partitions(fractions: np.ndarray, seqs: np.ndarray) -> np.ndarray:

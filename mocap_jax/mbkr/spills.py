@@ -34,8 +34,9 @@ from ..schedule.shape import Spill
 
 Array = Any
 
-#: a stage fits its budget after a spill when it exceeds it by at most this fraction: the spilled
-#: amount is the exact excess, and rounding may leave the remainder a few ulps above the budget
+#: a stage that a spill or migration touched fits its budget when it exceeds it by at most this
+#: fraction: the spilled amount is the exact excess, and rounding may leave the remainder (or a host's
+#: fill) a few ulps above the budget.  A stage no spill touched is judged exactly, as without MBKR.
 FIT_TOLERANCE = 1e-6
 #: dynamic pairing ranks stages by occupancy at this resolution (ties go to the lower stage), so
 #: loads equal in exact arithmetic are not ordered by rounding noise
@@ -67,7 +68,7 @@ def decide(local, kv, activation, budget, partner_local, partner_activation, par
     room = jnp.minimum(p2 * partner_budget - partner_local, partner_budget - partner_local - partner_activation)
     room = jnp.where(creditor, jnp.maximum(room, 0.0), 0.0)
     moved = jnp.clip(jnp.minimum(over, room), 0.0, kv)
-    return moved, need - moved > budget * (1 + FIT_TOLERANCE)
+    return moved, need - moved > budget * jnp.where(moved > 0, 1 + FIT_TOLERANCE, 1.0)
 
 
 @pytree
@@ -92,6 +93,19 @@ class Spills:
     peak: Array
     kv_peak: Array
     overflow: Array
+
+
+def touched_stages(spills: Spills) -> Array:
+    """``[N]`` bool: the stages whose memory a spill or a migration changed (debtors that wrote KV to
+    a partner, the stages hosting it, the former hosts of migrated KV): those :data:`FIT_TOLERANCE`
+    applies to."""
+    stage = jnp.arange(spills.moved.shape[1])
+    moved, migrated = spills.moved > 0, spills.migrated > 0
+
+    def named(index, mask):
+        return jnp.any((index[..., None] == stage) & mask[..., None], axis=(0, 1))
+
+    return jnp.any(moved, axis=0) | named(spills.host, moved | migrated) | named(spills.migrated_from, migrated)
 
 
 class Stages(NamedTuple):
@@ -301,7 +315,9 @@ def dynamic_spills(st: Stages, num_stages, p1, p2, spill: Spill) -> Spills:
         return jnp.sum(jnp.where(host, spilled.sum(1)[:, None], 0.0), axis=0)
 
     def match(local):
-        u = jnp.where(live, jnp.round(local / budget / RANK_RESOLUTION), jnp.inf)
+        # a stage without KV budget (weights fill its HBM) is full, whatever it holds; the stable sort
+        # puts it before the dead stages, which follow the live ones
+        u = jnp.where(live & (budget > 0), jnp.round(local / budget / RANK_RESOLUTION), jnp.inf)
         ranked = jnp.argsort(u)
         pos = jnp.argsort(ranked)
         mate_pos = num_stages - 1 - pos

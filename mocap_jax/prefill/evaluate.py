@@ -31,7 +31,7 @@ from .. import costs
 from ..costs import HardwareParams, ModelParams, StageLayout, pytree
 from ..mbkr.costs import spill_costs
 from ..mbkr.pairing import MBKRParams, partner_of
-from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills
+from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills, touched_stages
 from ..schedule import memory
 from ..schedule.items import Chunks, ItemTable
 from ..schedule.prefix import prefix_max
@@ -254,7 +254,8 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
         zeros = lambda tree: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
         m_finish, m_start, m_times, spills, cost = jax.lax.fori_loop(
             0, shape.passes, one_pass, (finish, start, times, zeros(spills0), zeros(cost0)))
-        m_feasible = ~spills.overflow & jnp.all((spills.peak <= s.usable * (1 + FIT_TOLERANCE)) | ~s.live)
+        allowance = jnp.where(touched_stages(spills), 1 + FIT_TOLERANCE, 1.0)
+        m_feasible = ~spills.overflow & jnp.all((spills.peak <= s.usable * allowance) | ~s.live)
         keep_plain = feasible if shape.spill == Spill.OVERFLOW else jnp.zeros((), bool)
         pick = lambda a, b: jnp.where(keep_plain, a, b)
         finish, start, times, peak, kv_peak, feasible = (pick(a, b) for a, b in zip(

@@ -83,6 +83,7 @@ class Engine:
         self.peak = list(self.weights)
         self.kv_peak = [0.0] * N
         self.overflow = False
+        self.touched = [False] * N   # stages whose memory a spill or migration changed
         self.decisions: list[dict] = []
         self.timeline: list[tuple[float, list[float], list[float]]] = []
         self._heap: list[float] = []
@@ -197,6 +198,7 @@ class Engine:
         moved = decision.moved
         self.ledger.write(now, s, self.items[k].group, kv, moved, host)
         if moved > 0:
+            self.touched[s] = self.touched[host] = True
             self.moved[k][s] = moved
             self.write_s[k][s] = self._transfer(s, host, moved)
             receivers.append(host)
@@ -230,6 +232,7 @@ class Engine:
         if new < 0 or self._room(new) < mine:
             return []
         self.migrated[k][s] = self.ledger.migrate(now, s, new)
+        self.touched[old] = self.touched[new] = True
         self.migrate_s[k][s] = self._transfer(old, new, self.migrated[k][s])
         self.partner[s] = new
         return [old, new]

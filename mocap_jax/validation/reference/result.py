@@ -119,7 +119,8 @@ def summarise(engine: Engine, q: Quantities, placement: np.ndarray) -> Reference
     if engine.mbkr is None:
         feasible = bool(np.all(peak <= q.usable))
     else:
-        feasible = not engine.overflow and bool(np.all(peak <= q.usable * (1 + FIT_TOLERANCE)))
+        allowance = np.where(engine.touched, 1 + FIT_TOLERANCE, 1.0)
+        feasible = not engine.overflow and bool(np.all(peak <= q.usable * allowance))
     moved, block = engine.array("moved"), engine.array("block_s")
     tl_times = np.array([t for t, _, _ in engine.timeline], np.float64)
     return ReferenceResult(

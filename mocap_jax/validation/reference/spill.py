@@ -8,7 +8,9 @@ Budgets are a stage's usable HBM minus its weights; occupancy ``u = local / budg
 * the spill rule at the start of an item on stage x: ``need = local + kv + activation``; what
   exceeds x's budget (``over``; with the ``eager`` policy also the new KV above ``p2`` of the
   budget) goes to x's partner up to its room, at most the item's KV; if what stays still exceeds
-  x's budget by more than :data:`FIT_TOLERANCE` relative, the configuration is infeasible;
+  x's budget, the configuration is infeasible (by more than :data:`FIT_TOLERANCE` relative when
+  something was moved: rounding of the exact excess; a stage no spill or migration touched is
+  judged exactly, as without MBKR);
 * pairings: ``cross-half``, ``head-to-tail`` (static), ``dynamic`` (re-matched at every start,
   the i-th most loaded with the i-th least loaded, occupancies compared at
   :data:`RANK_RESOLUTION` of the budget, ties to the lower stage index), ``none`` (no MBKR).
@@ -16,13 +18,15 @@ Budgets are a stage's usable HBM minus its weights; occupancy ``u = local / budg
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...specs import checks
 
 PAIRINGS = ("cross-half", "none", "head-to-tail", "dynamic")
 SPILL_POLICIES = ("overflow", "eager")
-#: what stays on a debtor may exceed its budget by this relative amount (rounding of the exact excess)
+#: what stays on a stage a spill or migration touched may exceed its budget by this relative amount
+#: (rounding of the exact excess)
 FIT_TOLERANCE = 1e-6
 #: dynamic pairing compares occupancies at this resolution of the budget
 RANK_RESOLUTION = 2.0 ** -20
@@ -105,13 +109,15 @@ def decide(local: float, kv: float, activation: float, budget: float, partner_ro
         over = max(over, min(kv, local + kv - mb.p2 * budget))
     moved = max(min(over, partner_room, kv), 0.0)
     return Decision(need=need, over=over, room=partner_room, moved=moved,
-                    overflow=need - moved > budget * (1 + FIT_TOLERANCE))
+                    overflow=need - moved > budget * (1 + FIT_TOLERANCE if moved > 0 else 1.0))
 
 
 def dynamic_matches(levels, budgets) -> list[int]:
     """Match of every stage: the i-th most loaded with the i-th least loaded (-1 for the middle of an odd count)."""
     n = len(levels)
-    rank = sorted(range(n), key=lambda s: (round(levels[s] / budgets[s] / RANK_RESOLUTION), s))
+    # a stage without KV budget (weights fill its HBM) is full, whatever it holds
+    rank = sorted(range(n), key=lambda s: (round(levels[s] / budgets[s] / RANK_RESOLUTION) if budgets[s] > 0
+                                           else math.inf, s))
     mate = [-1] * n
     for pos, s in enumerate(rank):
         if n - 1 - pos != pos:
