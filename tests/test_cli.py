@@ -78,6 +78,15 @@ BAD = [
     (["max-seq", "--max-seq-len", "4611686018427387904"], "largest value"),
     (["partition", "--batch", "0"], "positive integer"),
     (["simulate", "--tp", "3", "--hardware", "h100-x8"], "does not divide"),
+    (["simulate", "--seq-len", "4096", "--chunks", "4", "--scheme", "terapipe-dp", "--granularity", "1"],
+     "TeraPipe's planner would tabulate"),
+    (["simulate", "--seq-len", "4096", "--chunks", "4", "--scheme", "lbcp", "--steps", "1", "--chains", "16000000"],
+     "chains = 16000000 exceeds"),
+    (["bench", "anneal", "--chains", "100000000", "--steps", "10"], "chains = 100000000 exceeds"),
+    (["wsc-llm", "partition", "--max-batch", "2000000"], "max_batch = 2000000 exceeds"),
+    (["compare", "--schemes", ""], "unknown scheme ''"),
+    (["compare", "--schemes", "gpipe,gpipe"], "each scheme once"),
+    (["claims", "--run", "--models", "llama3-70b,bogus", "--no-sensitivity"], "unknown model 'bogus'"),
     # thresholds and floats
     (["simulate", "--scheme", "mbkr", "--p1", "0.9", "--p2", "0.5"], "p1 <= p2"),
     (["simulate", "--scheme", "mbkr", "--p2", "nan"], "finite"),
@@ -129,6 +138,15 @@ def test_bad_hardware_files(tmp_path, capsys, name, text, fragment):
 def test_bad_model_files(tmp_path, capsys, text, fragment):
     code, _, err = run(["simulate", "--model", _file(tmp_path, "m.toml", text)], capsys)
     assert code == 2 and fragment in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("text,fragment", [("[1, 2]", "not a claims ledger"), ('{"ledger": [{"claim": "a"}]}',
+                                                                                "not a claims ledger"),
+                                           ("{", "not JSON")])
+def test_claims_refuses_a_file_that_is_not_a_ledger(tmp_path, capsys, text, fragment):
+    (tmp_path / "claims.json").write_text(text)
+    code, _, err = run(["claims", "--results", str(tmp_path)], capsys)
+    assert code == 2 and fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_output_paths_are_checked_before_any_work(tmp_path, capsys):

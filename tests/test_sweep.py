@@ -71,6 +71,17 @@ def test_several_grids_and_max_points():
     assert len(sweep.expand(cfg, max_points=5)) == 5
 
 
+def test_a_row_that_only_restates_the_defaults_is_a_point(tmp_path):
+    """An empty [[points]] row is the defaults (with [fixed]): planned, evaluated and written like any other."""
+    text = '[fixed]\nmodel = "llama3.1-8b"\nhardware = "mocap-2x2"\nseq_len = 4096\nchunks = 4\n[[points]]\n'
+    assert [p["batch"] for p in sweep.expand(_write(tmp_path, text))] == [1]
+    s = sweep.run_sweep(_write(tmp_path, text), tmp_path / "out", quiet=True)
+    rows = _rows(s.results)
+    assert s.points == 1 and [int(r["batch"]) for r in rows] == [1]
+    one = api.simulate("llama3.1-8b", "mocap-2x2", 4096, chunks=4, batch=1, timeline=False)
+    assert float(rows[0]["raw_latency_s"]) == pytest.approx(one.raw_latency_s, rel=1e-6)
+
+
 def test_shipped_sweeps_plan():
     m = sweep.describe(ROOT / "sweeps" / "million.toml")
     assert m["points"] == 1_000_000 and len(m["buckets"]) == 8

@@ -11,7 +11,9 @@ from ..api.config import resolve
 from ..api.search import largest_feasible_batch
 from ..partition.dp import check_granularity
 from ..partition.objectives import PartitionContext, PartitionProblem
+from ..partition.plan import MAX_CHAINS
 from ..search.anneal import anneal
+from ..specs import checks
 
 
 def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks=16, granularity=256, chains=1024,
@@ -23,6 +25,9 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     uniform and best objectives.
     """
     t0 = time.perf_counter()
+    checks.integer("chains", chains, 1, MAX_CHAINS, " Each chain holds its partition and its objective's "
+                   "evaluations (a few KB): use fewer chains.")
+    checks.integer("steps", steps, 1, 2 ** 31 - 1)
     U = check_granularity(seq_len, chunks, granularity)
     base, extra = divmod(U, chunks)
     uniform = base + (np.arange(chunks) < extra).astype(np.int64)

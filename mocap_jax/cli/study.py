@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..specs import get_model
+from ..specs import SpecError, get_model
 from ..study import claims
 from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table, write_csv
 from .common import check_output_dir, dumps, progress, positive_int
+
+
+def study_models(text: str) -> tuple[str, ...]:
+    """The models of ``--models`` (comma-separated), each checked before any work."""
+    models = tuple(m.strip() for m in text.split(","))
+    for m in models:
+        get_model(m)
+    return models
 
 
 def cmd_reproduce(args) -> int:
@@ -16,9 +24,7 @@ def cmd_reproduce(args) -> int:
     check_output_dir(args.figures)
     cfg = StudyConfig(quick=args.quick, seed=args.seed, chunks=args.chunks)
     if args.models:
-        cfg.models = tuple(m.strip() for m in args.models.split(","))
-        for m in cfg.models:
-            get_model(m)
+        cfg.models = study_models(args.models)
     if args.no_sensitivity:
         cfg.sensitivity = False
     res = run_study(cfg, args.results, args.figures, log=lambda m: progress(m, args.quiet))
@@ -26,18 +32,31 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
+def read_ledger(path: Path) -> list[dict]:
+    """The claims ledger of a ``claims.json`` written by ``mocap-jax reproduce`` (``SpecError`` if it is not one)."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise SpecError(f"{path} is not JSON ({e}); delete it or pass --run to recompute the ledger") from None
+    rows = data.get("ledger") if isinstance(data, dict) else None
+    fields = ("claim", "statement", "paper", "ours_defaults", "ours_paper_setting", "verdict")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in rows):
+        raise SpecError(f"{path} is not a claims ledger written by mocap-jax reproduce (a 'ledger' list of rows "
+                        f"with {', '.join(fields)}); delete it or pass --run to recompute the ledger")
+    return rows
+
+
 def cmd_claims(args) -> int:
     path = Path(args.results) / "claims.json"
     if path.exists() and not args.run:
-        data = json.loads(path.read_text())
-        ledger = data["ledger"]
+        ledger = read_ledger(path)
         source = f"from {path} (written by mocap-jax reproduce; --run recomputes)"
     else:
         out_dir = check_output_dir(args.results)
         cfg = StudyConfig(max_lengths=args.lengths, sensitivity=not args.no_sensitivity, seed=args.seed,
                           chunks=args.chunks, min_seq_len=args.min_seq_len)
         if args.models:
-            cfg.models = tuple(m.strip() for m in args.models.split(","))
+            cfg.models = study_models(args.models)
         from ..study.compare import compare
         from ..study.reproduce import _settings
 

@@ -58,7 +58,7 @@ from ..prefill.evaluate import evaluate
 from ..prefill.points import build_point, stage_layout
 from ..schedule.items import ItemTable, item_table, pad_items
 from ..schedule.shape import SimShape, bucket
-from ..specs import LIMITS, get_hardware, get_model
+from ..specs import LIMITS, SpecError, get_hardware, get_model
 from ..specs.checks import integer
 from ..specs.mesh import snake_placement
 from .dp import check_granularity, chunk_cost_matrix, free_slicing_dp, slicing_from_back, terapipe_dp
@@ -95,6 +95,23 @@ def _tables(model, hw, layout, units, granularity, batch, sizes, n_pad):
 _tables_jit = jax.jit(_tables, static_argnums=(3, 7))
 
 
+#: slice costs the planner may hold: every (group size, first unit, end unit) on the host, and every
+#: (first unit, end unit, stage) of the group sizes computed at once on the device (float32: 512 MiB)
+MAX_TABLE_CELLS = 2 ** 27
+
+
+def check_table_size(units: int, batch_pad: int, n_pad: int, granularity: int, seq_len: int) -> None:
+    """Refuse tables beyond :data:`MAX_TABLE_CELLS` (``SpecError`` naming the granularity that fits)."""
+    pairs = (units + 1) ** 2
+    cells = max(batch_pad * pairs, min(batch_pad, TABLE_BATCH) * n_pad * pairs)
+    if cells > MAX_TABLE_CELLS:
+        per_pair = max(batch_pad, min(batch_pad, TABLE_BATCH) * n_pad)
+        fit = int((MAX_TABLE_CELLS // per_pair) ** 0.5) - 1
+        raise SpecError(f"TeraPipe's planner would tabulate {cells:,} slice costs for S / g = {units:,} units "
+                        f"(g = {granularity}), more than the {MAX_TABLE_CELLS:,} it holds; use a granularity dividing S "
+                        f"of at least {-(-seq_len // max(fit, 1)):,} tokens (at most {fit:,} units) or a smaller batch")
+
+
 def cost_tables(model: ModelParams, hw: HardwareParams, layout: StageLayout, units: int, granularity: int,
                 batch: int, n_pad: int, batch_pad: int | None = None) -> np.ndarray:
     """Cost tables of every group size: ``C[b - 1, y, x]`` = bottleneck-stage seconds of a slice of a
@@ -104,6 +121,7 @@ def cost_tables(model: ModelParams, hw: HardwareParams, layout: StageLayout, uni
     batch); rows of sizes above ``batch`` are ``inf``.  One compiled program per (U, N_pad, bucket).
     """
     batch_pad = bucket(batch, 1) if batch_pad is None else batch_pad
+    check_table_size(units, batch_pad, n_pad, granularity, units * granularity)
     sizes = np.arange(1, batch_pad + 1, dtype=np.int32)
     return np.asarray(_tables_jit(model, hw, layout, units, granularity, np.int32(batch), sizes, n_pad))
 

@@ -35,12 +35,12 @@ from ..api.search import largest_feasible_batch, largest_true, max_feasible_seq_
 from ..api.simulate import run
 from ..partition.dp import check_granularity
 from ..partition.plan import PlanSettings, plan_partition
-from ..partition.terapipe import cost_setting, plan_tables, terapipe_items
+from ..partition.terapipe import TABLE_BATCH, check_table_size, cost_setting, plan_tables, terapipe_items
 from ..prefill.points import MBKRSettings
 from ..schedule.shape import bucket
 from ..serving.arrivals import ARRIVALS, arrival_times
 from ..serving.e2e import ServingShape, e2e_latency_jit
-from ..specs import LIMITS, checks, get_hardware, get_model
+from ..specs import LIMITS, SpecError, checks, get_hardware, get_model
 
 ALL_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
 DEFAULT_LOAD_FRACTION = 0.5
@@ -177,8 +177,9 @@ def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan:
 def _plan_terapipe(model, hardware, S: int, st: CompareSettings) -> SchemePlan:
     """TeraPipe's plan at the batch it runs: the largest B whose own plan fits at B."""
     g = st.plan.granularity
-    check_granularity(S, None, g)
+    units = check_granularity(S, None, g)
     cfg = _base(model, hardware, S, "terapipe", st)
+    check_table_size(units, TABLE_BATCH, bucket(cfg.stages), g, S)   # before any search compiles
     cap = max(largest_feasible_batch(cfg, st.max_batch), 1)
     upper = min(st.max_batch, 2 * cap)
     setting = cost_setting(cfg.model, cfg.hardware, S, upper, g, cfg.stages, cfg.dtype, cfg.placement)
@@ -291,8 +292,11 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
     st = settings or CompareSettings()
     if load is not None:
         load = checks.number("load", load, 0.0, 1e12, lo_open=True, hint=" Pass a request rate in requests/s.")
+    schemes = tuple(schemes)
     for s in schemes:
         checks.choice("scheme", s, ALL_SCHEMES)
+    if not schemes or len(set(schemes)) != len(schemes):
+        raise SpecError(f"schemes must name each scheme once, got {list(schemes)}; choose from {', '.join(ALL_SCHEMES)}")
     m, hw = get_model(model), get_hardware(hardware)
     S = checks.integer("seq_len", seq_len, 1, LIMITS["seq_len"])
     check_granularity(S, st.chunks, st.plan.granularity)

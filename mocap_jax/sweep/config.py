@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..partition.plan import MAX_CHAINS
 from ..specs import LIMITS, SpecError, checks, mocap_wafer
 from .evaluate import (ADMISSION_MODES, ARRIVALS, DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, OBJECTIVES, PAIRINGS,
                        RELEASE_POLICIES)
@@ -35,8 +36,7 @@ LATENCY_DIE_FIELDS = ("link_latency_s", "layer_overhead_s", "gemm_fixed_s")
 
 #: jax.random.PRNGKey keeps only the low 32 bits of a larger seed without 64-bit mode
 MAX_SEED = 2 ** 32 - 1
-#: annealing chains are one array row each; steps count a 32-bit loop counter
-MAX_CHAINS = 2 ** 20
+#: steps count a 32-bit loop counter (chains: the annealer's own bound)
 MAX_STEPS = 2 ** 31 - 1
 #: points per compiled call: a block's inputs are held in host and device memory at once
 MAX_BLOCK = 2 ** 24

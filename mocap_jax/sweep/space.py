@@ -145,6 +145,6 @@ class Space:
                 ax.append(full[i][:3] + (0, d))
                 ax.extend(full[i + 1:])
                 out.append(Box(off, tuple(ax)))
-        if self.row_codes and self.size > self.rows_offset:
+        if self.size > self.rows_offset:     # rows, even ones that only restate the defaults
             out.append(Box(self.rows_offset, (), ids=np.arange(self.rows_offset, self.size, dtype=np.int64)))
         return out

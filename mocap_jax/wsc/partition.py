@@ -27,13 +27,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs import ModelSpec, SpecError, get_model
+from ..specs import ModelSpec, SpecError, checks, get_model
 from .goodput import ServingTargets, goodput_batch
 from .hardware import WaferParams, WaferSpec, get_wafer
 from .layout import pack_instances
 from .plan import STRATEGIES, InstanceConfig, model_params, stack_plans, tp_plan
 from .traces import get_workload
 from .workload import WorkloadParams, WorkloadSpec
+
+#: largest decode batch a search considers: every batch up to it is evaluated for every instance plan
+#: and hardware point of a call at once (about 18 KB per batch there: 300 MB at this bound)
+MAX_DECODE_BATCH = 16384
 
 Array = Any
 
@@ -177,6 +181,8 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
     a multiple of 16) so that grids and sweeps of different sizes share one compiled program.
     Returns one candidate list per wafer.
     """
+    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, " Decode batches are searched up to it; give a "
+                   "realistic bound (default 512).")
     wafers = list(wafers)
     first = wafers[0]
     if any((w.rows, w.cols, w.topology) != (first.rows, first.cols, first.topology) for w in wafers):
@@ -293,8 +299,8 @@ def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str
     workload = get_workload(workload, rate)
     strategies = validate_strategies(strategies)
     targets = ServingTargets.make(chunk_tokens, tpot_slo_s, ttft_slo_s, dtype)
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-        raise SpecError(f"max_batch must be a positive integer, got {max_batch!r}")
+    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, " Decode batches are searched up to it; give a "
+                   "realistic bound (default 512).")
     if max_instance_dies is not None and (not isinstance(max_instance_dies, int) or max_instance_dies < 1):
         raise SpecError(f"max_instance_dies must be a positive integer, got {max_instance_dies!r}")
     shapes = instance_shapes(wafer, max_instance_dies)

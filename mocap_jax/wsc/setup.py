@@ -70,7 +70,7 @@ class ServingConfig:
 
     def __post_init__(self):
         checks.integer("chunk_tokens", self.chunk_tokens, 1, LIMITS["seq_len"])
-        checks.integer("max_batch", self.max_batch, 1, LIMITS["batch"])
+        checks.integer("max_batch", self.max_batch, 1, part.MAX_DECODE_BATCH)
         checks.integer("window", self.window, 1, 1024)
         checks.integer("leap", self.leap, 0, 1024)
         for name in ("tpot_slo_s", "ttft_slo_s"):
