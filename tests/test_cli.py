@@ -85,6 +85,8 @@ BAD = [
     (["bench", "anneal", "--chains", "100000000", "--steps", "10"], "chains = 100000000 exceeds"),
     (["wsc-llm", "partition", "--max-batch", "2000000"], "max_batch = 2000000 exceeds"),
     (["compare", "--schemes", ""], "unknown scheme ''"),
+    (["validate", "--seed", "-1"], "expected a seed"),
+    (["placement", "--seed", "2147483648"], "expected a seed"),
     (["compare", "--schemes", "gpipe,gpipe"], "each scheme once"),
     (["claims", "--run", "--models", "llama3-70b,bogus", "--no-sensitivity"], "unknown model 'bogus'"),
     # thresholds and floats

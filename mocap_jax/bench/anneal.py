@@ -11,9 +11,8 @@ from ..api.config import resolve
 from ..api.search import largest_feasible_batch
 from ..partition.dp import check_granularity
 from ..partition.objectives import PartitionContext, PartitionProblem
-from ..partition.plan import MAX_CHAINS
 from ..search.anneal import anneal
-from ..specs import checks
+from ..specs import LIMITS, checks
 
 
 def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks=16, granularity=256, chains=1024,
@@ -25,7 +24,7 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     uniform and best objectives.
     """
     t0 = time.perf_counter()
-    checks.integer("chains", chains, 1, MAX_CHAINS, " Each chain holds its partition and its objective's "
+    checks.integer("chains", chains, 1, LIMITS["chains"], " Each chain holds its partition and its objective's "
                    "evaluations (a few KB): use fewer chains.")
     checks.integer("steps", steps, 1, 2 ** 31 - 1)
     U = check_granularity(seq_len, chunks, granularity)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import dumps, positive_int
+from .common import dumps, positive_int, seed
 
 
 def cmd_bench_pipeline(args) -> int:
@@ -51,7 +51,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--points", type=positive_int, default=131072, help="random partitions (>= 100,000)")
     p.add_argument("--block", type=positive_int, default=16384, help="points per compiled call")
     p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_pipeline)
 
@@ -65,6 +65,6 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--steps", type=positive_int, default=2000)
     p.add_argument("--num-batches", type=positive_int, default=1)
     p.add_argument("--max-batch", type=positive_int, default=256)
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_anneal)

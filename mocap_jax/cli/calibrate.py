@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .common import seed
+
 DEFAULT_JSON = "results/calibration.json"
 DEFAULT_FIGURE = "figures/calibration.png"
 
@@ -31,7 +33,7 @@ def register(subparsers, bench_subparsers=None) -> None:
                    help="small: the test grid (under a minute on 2 CPU cores); cpu: a fuller CPU grid (a few "
                         "minutes; default); gpu: Llama-8B-sized blocks in bf16, c up to 4096, p up to 32K "
                         "(needs a GPU)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, caches, timing order and split (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of weights, caches, timing order and split (default 0)")
     p.add_argument("--test-fraction", type=float, default=None, metavar="F",
                    help="share of grid cells held out for scoring (default 0.4)")
     p.add_argument("--out", default=DEFAULT_JSON, metavar="PATH",

@@ -8,7 +8,7 @@ from ..partition.plan import PARTITIONED, PlanSettings, plan_partition
 from ..prefill.points import MBKRSettings
 from ..serving.arrivals import ARRIVALS
 from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, compare
-from .common import add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, table
+from .common import add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, seed, table
 
 
 def _add_common(p):
@@ -25,7 +25,7 @@ def _add_common(p):
     p.add_argument("--steps", type=positive_int, default=600, help="annealing steps")
     p.add_argument("--objective", default="prefill", choices=OBJECTIVES, help="LBCP annealing objective")
     p.add_argument("--max-batch", type=positive_int, default=256, help="upper end of every B' search")
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--release", default="stage", choices=api.RELEASE_POLICIES)
     p.add_argument("--admission", default="streaming", choices=api.ADMISSION_MODES)
     p.add_argument("--num-batches", type=positive_int, default=2)

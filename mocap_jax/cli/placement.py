@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..mbkr.pairing import PAIRINGS
 from ..mbkr.placement import grid_picture, search_placement, snake_report
 from ..specs import LIMITS, SpecError, checks, get_hardware, mesh
-from .common import dumps, number, positive_int, table
+from .common import dumps, number, positive_int, seed, table
 
 
 def cmd_placement(args) -> int:
@@ -54,6 +54,6 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--pairing", default="cross-half", choices=PAIRINGS)
     p.add_argument("--handoff-weight", type=number, default=1.0, help="weight of a pipeline hand-off hop")
     p.add_argument("--pair-weight", type=number, default=1.0, help="weight of an MBKR pair hop")
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_placement)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..specs import SpecError, get_model
 from ..study import claims
 from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table, write_csv
-from .common import check_output_dir, dumps, progress, positive_int
+from .common import check_output_dir, dumps, progress, positive_int, seed
 
 
 def study_models(text: str) -> tuple[str, ...]:
@@ -94,7 +94,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--no-sensitivity", action="store_true", help="skip the claims' sensitivity runs")
     p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
                    help="chunk count M of the chunked schemes (TeraPipe, MBKR, LBCP, MOCAP)")
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_reproduce)
 
@@ -110,7 +110,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--no-sensitivity", action="store_true")
     p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
                    help="chunk count M of the chunked schemes (with --run)")
-    p.add_argument("--seed", type=positive_int, default=1)
+    p.add_argument("--seed", type=seed, default=1)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_claims)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .common import seed
+
 _LABELS = {
     "finish_times": "finish times (every item, stage)",
     "start_times": "start times (every item, stage)",
@@ -62,7 +64,7 @@ def register(subparsers, bench_subparsers) -> None:
                     "the memory limit (targets: mean <= 1%%, max <= 5%%); then the calibration MAPE of the cost "
                     "model. Exit code 1 if the exact agreement misses 1e-9 (float64) / 1e-4 (float32).")
     p.add_argument("--configs", type=_count(1), default=200, help="random configurations to compare (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the configuration generators (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the configuration generators (default 0)")
     p.add_argument("--mbkr-configs", type=_count(0), default=1000,
                    help="MBKR configurations near the memory limit (default 1000; 0 skips the MBKR check)")
     p.add_argument("--mbkr-programs", type=_count(1), default=12,
@@ -92,7 +94,7 @@ def register(subparsers, bench_subparsers) -> None:
     b.add_argument("--chunks", type=_count(1), default=16, help="chunks per request (default 16)")
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="vectorised precision")
     b.add_argument("--repeats", type=_count(1), default=5, help="timed vectorised calls (default 5)")
-    b.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    b.add_argument("--seed", type=seed, default=0, help="seed (default 0)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench_reference)
 

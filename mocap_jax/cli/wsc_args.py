@@ -22,6 +22,7 @@ from ..wsc.plan import STRATEGIES
 from ..wsc.setup import CONTENTION, ServingConfig
 from ..wsc.traces import get_workload
 from ..wsc.workload import WORKLOAD_PRESETS, WORKLOAD_TTFT_SLOS
+from .common import seed
 
 
 def _fmt(v: Any) -> str:
@@ -258,7 +259,7 @@ def serving_args(p: argparse.ArgumentParser, requests: int | None = 400) -> None
                    help=f"TP strategies of the partition (default {','.join(STRATEGIES)})")
     if requests is not None:
         g.add_argument("--requests", type=int, default=requests, help=f"requests per simulated point (default {requests})")
-    g.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    g.add_argument("--seed", type=seed, default=0, help="trace seed (default 0)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="precision of the array program (default float32)")
     g.add_argument("--contention", default="max-min",

@@ -21,6 +21,7 @@ from ..wsc import placement as plc
 from ..wsc.placement_compare import compare_placements
 from ..wsc.figures_wafer import plot_placement
 from ..wsc.hardware import WAFER_PRESETS
+from .common import seed
 from .wsc_args import common_args, emit_json, hardware_line, instance_args, offline_setup, resolve_instances, table
 
 
@@ -267,7 +268,7 @@ def register_offline(sub, bench_sub) -> None:
     pl.add_argument("--random-samples", type=int, default=50, help="random layouts to compare (default 50)")
     pl.add_argument("--chains", type=int, default=32, help="annealing chains (default 32)")
     pl.add_argument("--steps", type=int, default=2000, help="annealing steps per chain (default 2000)")
-    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--seed", type=seed, default=0)
     pl.add_argument("--figure", metavar="PATH", help="save a figure of the wafer, instances and KV routes")
     pl.add_argument("--figure-layout", choices=("decode-centred", "searched"), default="decode-centred",
                     help="which layout the figure shows (default decode-centred)")
@@ -280,7 +281,7 @@ def register_offline(sub, bench_sub) -> None:
     m.add_argument("--requests", type=int, default=2000, help="synthetic requests (default 2000)")
     m.add_argument("--decode-batch", type=int, help="decode slots per instance (default: largest batch within the "
                                                     "TPOT SLO, memory ignored -- the scheduler finds the memory)")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=seed, default=0)
     m.add_argument("--no-optimal", action="store_true", help="skip the LP comparison")
     m.set_defaults(func=cmd_memory)
 

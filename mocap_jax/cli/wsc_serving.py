@@ -22,6 +22,7 @@ from ..wsc.serving import simulate
 from ..wsc.setup import CONTENTION, PLACEMENTS, SCHEDULERS, ServingConfig, build_setup, workload_for
 from ..wsc.synthetic import LENGTH_FITS, get_trace, resolve_workload_name, synthetic_trace
 from ..wsc.workload import WORKLOAD_PRESETS
+from .common import seed
 from .wsc_args import (METRIC_COLUMNS, design_point_args, emit_json, hardware_line, metric_cells, program_dtype,
                        serving_args, serving_config, table, wafer_from_args)
 
@@ -191,7 +192,7 @@ def register_serving(sub, bench_sub) -> None:
     tr.add_argument("--workload", default="azure-conv", help="azure-code, azure-conv (aliases code, conv) or a .csv")
     tr.add_argument("--requests", type=int, help="first N requests (default: 1000 for a preset, all for a file)")
     tr.add_argument("--rate", type=float, help="rescale to this arrival rate, req/s")
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seed", type=seed, default=0)
     tr.add_argument("--json", action="store_true", help="print JSON instead of tables")
     tr.set_defaults(func=cmd_trace)
 
@@ -218,7 +219,7 @@ def register_serving(sub, bench_sub) -> None:
     bs.add_argument("--reference-points", type=int, help="points the reference runs (default all)")
     bs.add_argument("--load", type=float, default=0.8, help="rate as a multiple of the partition capacity")
     bs.add_argument("--max-batch", type=int, default=256, help="largest decode batch (default 256)")
-    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--seed", type=seed, default=0)
     bs.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     bs.add_argument("--contention", default="max-min", help=f"{', '.join(CONTENTION)} (default max-min)")
     bs.add_argument("--json", action="store_true")

@@ -28,11 +28,6 @@ PARTITIONED = ("lbcp", "mocap")
 DEFAULT_REQUESTS = 256
 
 
-#: annealing chains of one search: each is an array row of every step's evaluations (about 5 KB in
-#: the MBKR objective, so about 5 GB at this bound)
-MAX_CHAINS = 2 ** 20
-
-
 @dataclass
 class PlanSettings:
     """Knobs of the LBCP search (validated on construction).
@@ -65,7 +60,7 @@ class PlanSettings:
             raise SpecError("chunk_counts must name at least one chunk count")
         for name in ("granularity", "steps", "max_shift", "max_batch"):
             setattr(self, name, checks.integer(name, getattr(self, name), 1, 1 << 24))
-        self.chains = checks.integer("chains", self.chains, 1, MAX_CHAINS, " Each chain holds its partition and "
+        self.chains = checks.integer("chains", self.chains, 1, LIMITS["chains"], " Each chain holds its partition and "
                                      "its objective's evaluations (a few KB): use fewer chains.")
         self.seed = checks.integer("seed", self.seed, 0, 2 ** 31 - 1)
         checks.choice("objective", self.objective, OBJECTIVES)

@@ -41,6 +41,9 @@ LIMITS = {
     "num_batches": 256,
     # requests in a serving simulation (one array slot each)
     "requests": 2 ** 20,
+    # annealing chains of one search: each is an array row of every step's evaluations (about
+    # 5 KB in the MBKR objective, so about 5 GB at this bound)
+    "chains": 2 ** 20,
     # dies on a mesh (placement and routing tables are [dies, dies])
     "dies": 4096,
     # model dimensions (parameter counts are formed in float64 on the host)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..partition.plan import MAX_CHAINS
 from ..specs import LIMITS, SpecError, checks, mocap_wafer
 from .evaluate import (ADMISSION_MODES, ARRIVALS, DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, OBJECTIVES, PAIRINGS,
                        RELEASE_POLICIES)
@@ -36,7 +35,7 @@ LATENCY_DIE_FIELDS = ("link_latency_s", "layer_overhead_s", "gemm_fixed_s")
 
 #: jax.random.PRNGKey keeps only the low 32 bits of a larger seed without 64-bit mode
 MAX_SEED = 2 ** 32 - 1
-#: steps count a 32-bit loop counter (chains: the annealer's own bound)
+#: steps count a 32-bit loop counter
 MAX_STEPS = 2 ** 31 - 1
 #: points per compiled call: a block's inputs are held in host and device memory at once
 MAX_BLOCK = 2 ** 24
@@ -112,7 +111,7 @@ KEYS: dict[str, Key] = {
     "requests": Key(_count(LIMITS["requests"]), 256, "simulated requests for end-to-end latency"),
     "arrivals": Key(_choice(ARRIVALS), "poisson", "arrival process"),
     "granularity": Key(_count(LIMITS["seq_len"]), 256, "LBCP chunk granularity g (tokens)"),
-    "chains": Key(_count(MAX_CHAINS), 256, "LBCP annealing chains"),
+    "chains": Key(_count(LIMITS["chains"]), 256, "LBCP annealing chains"),
     "steps": Key(_count(MAX_STEPS), 600, "LBCP annealing steps"),
     "objective": Key(_choice(OBJECTIVES), "prefill", "LBCP objective"),
     "max_batch": Key(_count(LIMITS["batch"]), 256, "upper end of the batch = \"auto\" search"),
