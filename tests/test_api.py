@@ -169,3 +169,19 @@ def test_a_hundred_thousand_random_valid_points_are_honest():
             np.testing.assert_allclose(a["raw_latency_s"][both], b["raw_latency_s"][both], rtol=1e-5)
             total += P
     assert total >= 100_000
+
+
+def test_every_name_a_module_exports_exists():
+    """``__all__`` of every module of the package names only what the module defines or imports."""
+    import importlib
+    import pkgutil
+
+    import mocap_jax
+
+    missing = []
+    for info in pkgutil.walk_packages(mocap_jax.__path__, "mocap_jax."):
+        if info.name.endswith("__main__"):     # runs the command line
+            continue
+        module = importlib.import_module(info.name)
+        missing += [f"{info.name}.{n}" for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
+    assert not missing, missing

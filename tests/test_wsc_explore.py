@@ -147,6 +147,8 @@ def test_baselines_cli(tmp_path, capsys):
     (["explore", "--loads", "1,-2"], "--loads values must be positive"),
     (["explore", "--grids", "4by4"], "die grids are given as RxC"),
     (["explore", "--workloads", "chat"], "unknown workload"),
+    (["explore", "--workloads", "azure_conv_trace.csv"], "runs the synthetic presets, not trace files"),
+    (["baselines", "--workload", "azure_conv_trace.csv"], "runs the synthetic presets, not trace files"),
     (["explore", "--dram-gb", "abc"], "--dram-gb expects comma-separated numbers"),
     (["explore", "--window-s", "0"], "--window-s must be > 0"),
     (["explore", "--grids", "0x9"], "rows and cols must be positive"),

@@ -10,7 +10,7 @@ from ..prefill.points import batched_items
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
 from ..specs import LIMITS, SpecError, checks
-from .config import DEFAULT_CHUNKS, resolve
+from .config import DEFAULT_CHUNKS, GPIPE_PARTITION, check_chunks, resolve
 
 #: the fields ``simulate_batch`` returns by default (every field of the evaluation but the timeline arrays)
 DEFAULT_FIELDS = tuple(f for f in ALL_FIELDS if f not in ("finish", "start", "item_times", "moved", "extra", "block",
@@ -58,7 +58,7 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     seq, bat = np.broadcast_to(seq, (P,)), np.broadcast_to(bat, (P,))
     if scheme != "gpipe":
         if part is None:
-            M = DEFAULT_CHUNKS if chunks is None else checks.integer("chunks", chunks, 1, LIMITS["chunks"])
+            M = DEFAULT_CHUNKS if chunks is None else check_chunks(chunks)
             if np.any(seq < M):
                 raise SpecError(f"{M} chunks need seq_len >= {M}; got seq_len {int(seq.min())}")
             part = uniform_partitions(seq, M)
@@ -70,14 +70,13 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
             bad = int(np.argmax(part.sum(1) != seq))
             raise SpecError(f"partition row {bad} sums to {int(part[bad].sum())} but seq_len is {int(seq[bad])}")
         if (partition is not None and chunks is not None
-                and np.any(live.sum(1) != checks.integer("chunks", chunks, 1, LIMITS["chunks"]))):
+                and np.any(live.sum(1) != check_chunks(chunks))):
             raise SpecError(f"chunks={chunks} but partition rows have {sorted(set(live.sum(1).tolist()))} chunks; "
                             f"pass one or the other")
         items_needed = int(live.sum(1).max())
     else:
         if part is not None:
-            raise SpecError("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits "
-                            "the batch by microbatch instead")
+            raise SpecError(GPIPE_PARTITION)
         items_needed = int(-(-bat.max() // checks.integer("microbatch", microbatch, 1, LIMITS["batch"])))
     if items_needed > LIMITS["chunks"]:
         raise SpecError(f"{items_needed} items per batch exceed the {LIMITS['chunks']} the simulator holds")

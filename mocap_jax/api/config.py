@@ -215,6 +215,15 @@ class Config:
         return replace(self, batch=int(batch))
 
 
+def check_chunks(chunks) -> int:
+    """A chunk count M of a chunked scheme, at most ``LIMITS["chunks"]``."""
+    return checks.integer("chunks", chunks, 1, LIMITS["chunks"], " Use fewer, longer chunks.")
+
+
+GPIPE_PARTITION = ("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits the batch "
+                   "by microbatch instead")
+
+
 def resolve(model, hardware, seq_len, scheme: str = "terapipe", *, chunks=None, batch=1, partition=None,
             release: str = "stage", admission: str = "streaming", num_batches=2, microbatch=1, placement=None,
             stages=None, dtype="float32", pairing: str = "cross-half", p1=DEFAULT_P1, p2=DEFAULT_P2,
@@ -230,13 +239,12 @@ def resolve(model, hardware, seq_len, scheme: str = "terapipe", *, chunks=None, 
     micro = checks.integer("microbatch", microbatch, 1, LIMITS["batch"])
     if partition is not None:
         if scheme == "gpipe":
-            raise SpecError("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits "
-                            "the batch by microbatch instead")
+            raise SpecError(GPIPE_PARTITION)
         part = check_partition(partition, S)
-        if chunks is not None and checks.integer("chunks", chunks, 1, LIMITS["chunks"]) != len(part):
+        if chunks is not None and check_chunks(chunks) != len(part):
             raise SpecError(f"chunks={chunks} but the partition has {len(part)} chunks; pass one or the other")
     else:
-        M = DEFAULT_CHUNKS if chunks is None else checks.integer("chunks", chunks, 1, LIMITS["chunks"])
+        M = DEFAULT_CHUNKS if chunks is None else check_chunks(chunks)
         if scheme != "gpipe" and M > S:
             raise SpecError(f"{M} chunks need at least {M} tokens but seq_len is {S}; use fewer chunks")
         part = uniform_partition(S, M) if scheme != "gpipe" else np.array([S])

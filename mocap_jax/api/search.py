@@ -12,7 +12,7 @@ from ..prefill.points import batched_items
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import bucket
 from ..specs import LIMITS, SpecError, checks
-from .config import Config, resolve
+from .config import Config, check_chunks, resolve
 
 #: candidates evaluated together in one round of a bracket search
 GRID = 64
@@ -94,7 +94,7 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
     Chunked schemes use ``chunks`` uniform chunks, or the chunk-size ``fractions`` (summing to 1)
     scaled to each S.  A vectorised bracket search; 0 if even the shortest does not fit.
     """
-    M = checks.integer("chunks", chunks, 1, LIMITS["chunks"])
+    M = check_chunks(chunks)
     g = checks.integer("granularity", granularity, 1, LIMITS["seq_len"])
     top = checks.integer("max_seq_len", max_seq_len, 1, LIMITS["seq_len"],
                          f" The simulator represents prompts of up to {LIMITS['seq_len']:,} tokens.")

@@ -55,7 +55,7 @@ def cmd_trace(args) -> int:
 
 def cmd_serve(args) -> int:
     from_file = str(args.workload).lower().endswith(".csv")
-    config = serving_config(args, None if from_file else resolve_workload_name(args.workload))
+    config = serving_config(args, None if from_file else resolve_workload_name(args.workload, traces=True))
     if args.rate is not None and (not args.rate > 0 or not math.isfinite(args.rate)):
         raise SpecError(f"--rate must be a positive number of requests/s, got {args.rate}")
     if args.load is not None and (not args.load > 0 or not math.isfinite(args.load)):

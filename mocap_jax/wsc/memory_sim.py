@@ -240,11 +240,4 @@ def simulate_kv(wafer: WaferSpec, layout: Layout, budget: DieBudget, requests: K
                            release_s=release_s, peak_kv_s=peak_t)
 
 
-__all__ = [
-    "NOT_ALLOWED", "POLICIES", "DieBudget", "die_budget", "priority_table", "decode_hops", "remote_kv", "greedy_allocate",
-    "greedy_schedule", "optimal_allocation", "SnapshotResult", "compare_snapshot", "KVRequests",
-    "synthetic_requests", "MemorySimResult", "simulate_kv",
-]
-
-
 __all__ = ["KVRequests", "synthetic_requests", "MemorySimResult", "simulate_kv"]

@@ -133,21 +133,25 @@ def log_uniform_fit(prompt_range: tuple[float, float], output_range: tuple[float
 LENGTH_FITS["long-context"] = log_uniform_fit(LONG_CONTEXT_PROMPT, LONG_CONTEXT_OUTPUT)
 
 
-def resolve_workload_name(name: str) -> str:
-    """Canonical preset name (``code`` -> ``azure-code``, ...).
+def resolve_workload_name(name: str, traces: bool = False) -> str:
+    """Canonical preset name (``code`` -> ``azure-code``, ...); ``traces``: the caller also takes
+    trace files (which it reads itself), so the message offers them.
 
     Raises:
-      SpecError: unknown name (with close matches).
+      SpecError: unknown name (with close matches), or a trace file where only presets are taken.
     """
     key = str(name).strip().lower()
     key = WORKLOAD_ALIASES.get(key, key)
     if key in LENGTH_FITS:
         return key
-    names = sorted(set(LENGTH_FITS) | set(WORKLOAD_ALIASES))
-    close = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
+    presets = f"{', '.join(sorted(LENGTH_FITS))} (aliases {', '.join(sorted(WORKLOAD_ALIASES))})"
+    if key.endswith(".csv") and not traces:
+        raise SpecError(f"workload {str(name)!r}: this command runs the synthetic presets, not trace files; "
+                        f"choose from {presets}")
+    close = difflib.get_close_matches(key, sorted(set(LENGTH_FITS) | set(WORKLOAD_ALIASES)), n=3, cutoff=0.4)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise SpecError(f"unknown workload {str(name)!r}.{hint} Presets: {', '.join(sorted(LENGTH_FITS))} "
-                    f"(aliases {', '.join(sorted(WORKLOAD_ALIASES))}), or an Azure-format trace .csv path.")
+    offer = ", or an Azure-format trace .csv path" if traces else ""
+    raise SpecError(f"unknown workload {str(name)!r}.{hint} Presets: {presets}{offer}.")
 
 
 def synthetic_trace(workload: str = "azure-conv", requests: int = 1000, rate: float | None = None,
