@@ -46,14 +46,10 @@ def non_negative_int(text: str) -> int:
     return _integer_text(text, 0, "a non-negative integer")
 
 
-#: random seeds are kept below 2^31 (NumPy and JAX keys take them alike)
-MAX_SEED = 2 ** 31 - 1
-
-
 def seed(text: str) -> int:
-    v = _integer_text(text, 0, f"a seed, an integer in [0, {MAX_SEED}]")
-    if v > MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed, an integer in [0, {MAX_SEED}], got {text}")
+    v = _integer_text(text, 0, f"a seed, an integer in [0, {LIMITS['seed']}]")
+    if v > LIMITS["seed"]:
+        raise argparse.ArgumentTypeError(f"expected a seed, an integer in [0, {LIMITS['seed']}], got {text}")
     return v
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..specs import SpecError, get_model
+from ..specs import get_model
 from ..study import claims
 from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table, write_csv
 from .common import check_output_dir, dumps, progress, positive_int, seed
@@ -32,24 +31,10 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-def read_ledger(path: Path) -> list[dict]:
-    """The claims ledger of a ``claims.json`` written by ``mocap-jax reproduce`` (``SpecError`` if it is not one)."""
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise SpecError(f"{path} is not JSON ({e}); delete it or pass --run to recompute the ledger") from None
-    rows = data.get("ledger") if isinstance(data, dict) else None
-    fields = ("claim", "statement", "paper", "ours_defaults", "ours_paper_setting", "verdict")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in rows):
-        raise SpecError(f"{path} is not a claims ledger written by mocap-jax reproduce (a 'ledger' list of rows "
-                        f"with {', '.join(fields)}); delete it or pass --run to recompute the ledger")
-    return rows
-
-
 def cmd_claims(args) -> int:
     path = Path(args.results) / "claims.json"
     if path.exists() and not args.run:
-        ledger = read_ledger(path)
+        ledger = claims.read_ledger(path)
         source = f"from {path} (written by mocap-jax reproduce; --run recomputes)"
     else:
         out_dir = check_output_dir(args.results)

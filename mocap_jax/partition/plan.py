@@ -62,7 +62,7 @@ class PlanSettings:
             setattr(self, name, checks.integer(name, getattr(self, name), 1, 1 << 24))
         self.chains = checks.integer("chains", self.chains, 1, LIMITS["chains"], " Each chain holds its partition and "
                                      "its objective's evaluations (a few KB): use fewer chains.")
-        self.seed = checks.integer("seed", self.seed, 0, 2 ** 31 - 1)
+        self.seed = checks.integer("seed", self.seed, 0, LIMITS["seed"])
         checks.choice("objective", self.objective, OBJECTIVES)
 
     def counts(self, units: int) -> tuple:

@@ -44,6 +44,10 @@ LIMITS = {
     # annealing chains of one search: each is an array row of every step's evaluations (about
     # 5 KB in the MBKR objective, so about 5 GB at this bound)
     "chains": 2 ** 20,
+    # annealing steps count a 32-bit loop counter
+    "steps": 2 ** 31 - 1,
+    # random seeds (NumPy generators and JAX keys take them alike)
+    "seed": 2 ** 31 - 1,
     # dies on a mesh (placement and routing tables are [dies, dies])
     "dies": 4096,
     # model dimensions (parameter counts are formed in float64 on the host)

@@ -28,14 +28,17 @@ not fit is reported in its row (``None``), never a crash.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
 import numpy as np
 
 from ..partition.plan import PlanSettings
 from ..prefill.points import MBKRSettings
-from ..specs import STUDY_MODELS, get_hardware
+from ..specs import STUDY_MODELS, SpecError, get_hardware
 from .compare import CompareSettings, compare
 
 #: claim id -> (statement, paper's figure, kind): kind "reduction" (1 - ours / GPipe, mean),
@@ -275,6 +278,23 @@ def run_sensitivity(setting: ClaimSetting, log=None) -> dict:
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
+
+
+#: the fields every ledger row has (what :func:`format_ledger` prints)
+LEDGER_FIELDS = ("claim", "statement", "paper", "ours_defaults", "ours_paper_setting", "verdict")
+
+
+def read_ledger(path) -> list[dict]:
+    """The claims ledger of a ``claims.json`` written by ``mocap-jax reproduce`` (``SpecError`` if it is not one)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise SpecError(f"{path} is not JSON ({e}); delete it or pass --run to recompute the ledger") from None
+    rows = data.get("ledger") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and set(LEDGER_FIELDS) <= set(r) for r in rows):
+        raise SpecError(f"{path} is not a claims ledger written by mocap-jax reproduce (a 'ledger' list of rows "
+                        f"with {', '.join(LEDGER_FIELDS)}); delete it or pass --run to recompute the ledger")
+    return rows
 
 
 def format_ledger(rows: list[dict]) -> str:

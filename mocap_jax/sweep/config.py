@@ -35,8 +35,6 @@ LATENCY_DIE_FIELDS = ("link_latency_s", "layer_overhead_s", "gemm_fixed_s")
 
 #: jax.random.PRNGKey keeps only the low 32 bits of a larger seed without 64-bit mode
 MAX_SEED = 2 ** 32 - 1
-#: steps count a 32-bit loop counter
-MAX_STEPS = 2 ** 31 - 1
 #: points per compiled call: a block's inputs are held in host and device memory at once
 MAX_BLOCK = 2 ** 24
 
@@ -112,7 +110,7 @@ KEYS: dict[str, Key] = {
     "arrivals": Key(_choice(ARRIVALS), "poisson", "arrival process"),
     "granularity": Key(_count(LIMITS["seq_len"]), 256, "LBCP chunk granularity g (tokens)"),
     "chains": Key(_count(LIMITS["chains"]), 256, "LBCP annealing chains"),
-    "steps": Key(_count(MAX_STEPS), 600, "LBCP annealing steps"),
+    "steps": Key(_count(LIMITS["steps"]), 600, "LBCP annealing steps"),
     "objective": Key(_choice(OBJECTIVES), "prefill", "LBCP objective"),
     "max_batch": Key(_count(LIMITS["batch"]), 256, "upper end of the batch = \"auto\" search"),
     "seed": Key(_count(MAX_SEED, lo=0), 0, "seed of arrivals and annealing (default: [sweep] seed)"),
