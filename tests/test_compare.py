@@ -35,6 +35,11 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
     # a stage of two GPUs runs each item faster than one GPU's share of the layers would on its own
     single = mj.simulate(model, hw, S, "terapipe", batch=by["terapipe"]["batch"], chunks=4, stages=4, timeline=False)
     assert by["terapipe"]["prefill_latency_s"] < single.prefill_latency_s
+    # the longest sequence was not searched: the table has no max S columns (not a column of zeros)
+    from mocap_jax.cli.partition import format_compare
+
+    text = format_compare(out)
+    assert not out["with_max_seq"] and "max S" not in text.splitlines()[2] and "not searched" in text
 
 
 @pytest.mark.parametrize("kw, fragment", [({"chunks": 300}, "chunks"), ({"min_seq_len": 1000}, "multiple of 256"),
@@ -53,3 +58,14 @@ def test_the_chunk_count_assumption_sets_every_chunked_scheme():
     assert st.chunks == 64 and st.plan.chunks == 64 and st.plan.granularity == 256
     default = claims._compare_settings(claims.reduced_setting(), claims.Variant(), 65536)
     assert default.chunks == default.plan.chunks == claims.ClaimSetting.chunks
+
+
+def test_a_default_load_too_small_for_arrivals_is_refused_by_name():
+    """On the slowest hardware a spec may hold, half the saturation throughput is below the smallest
+    representable rate: the comparison says so (and how to proceed), rather than blaming a load never given."""
+    from mocap_jax.specs import SpecError, mocap_wafer
+
+    slow = {f: 1.0 for f in ("peak_flops", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth")}
+    hw = mocap_wafer(2, 2, **slow)
+    with pytest.raises(SpecError, match="the slowest scheme saturates at .* pass a load"):
+        compare("llama3.1-8b", hw, 4096, schemes=("gpipe", "terapipe"), settings=_settings(1))

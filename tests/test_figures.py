@@ -41,3 +41,27 @@ def test_latency_figure(tmp_path):
             for m in ("a", "b") for s in ("terapipe", "mocap") for S, v in ((16384, 1.0), (65536, None))]
     latency.plot_latency(rows, tmp_path / "l.png")
     assert (tmp_path / "l.png").stat().st_size > 10_000
+
+
+def test_a_figure_is_written_whole_or_not_at_all(tmp_path):
+    """The one save path: the format follows the extension, an unknown one is refused before anything is
+    written, a failed write keeps the previous figure, and no temporary file is left behind."""
+    import pytest
+
+    from mocap_jax.figures.style import plt, save
+    from mocap_jax.specs import SpecError
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    path = tmp_path / "line.pdf"
+    assert save(fig, path) == str(path) and path.read_bytes().startswith(b"%PDF")
+    before = path.read_bytes()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    with pytest.raises(SpecError, match="extension"):
+        save(fig, tmp_path / "line.xyz")
+    fig.savefig = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        save(fig, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["line.pdf"]

@@ -125,6 +125,21 @@ def test_bad_hardware_values():
         mocap_wafer(2, 2, eff_gemm=1.5)
     with pytest.raises(SpecError, match="rows"):
         mocap_wafer(0, 2)
+    with pytest.raises(SpecError, match="peak_flops = 1e-20 is below the smallest accepted value, 1"):
+        mocap_wafer(2, 2, peak_flops=1e-20)
+    with pytest.raises(SpecError, match="eff_attention must be >= 0.0001"):
+        mocap_wafer(2, 2, eff_attention=1e-30)
+
+
+def test_the_slowest_accepted_hardware_keeps_float32_times_finite():
+    """At the smallest magnitudes and efficiencies a spec may hold, ordinary work stays representable:
+    a feasible point reports a finite latency instead of overflowing (which the honesty guard refuses)."""
+    from mocap_jax import api
+
+    slow = {f: 1.0 for f in ("peak_flops", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth")}
+    slow.update({f: 1e-4 for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link")})
+    r = api.simulate("llama3-70b", mocap_wafer(4, 4, **slow), 1 << 20, "terapipe", batch=4, timeline=False)
+    assert r.feasible and 1e20 < r.prefill_latency_s < 1e30
 
 
 def test_model_preset_names_cover_study():

@@ -72,6 +72,9 @@ def test_memory_json(capsys):
     (["wsc-llm", "partition", "--hardware", "wsc-100x100"], "exceed the largest grid"),
     (["wsc-llm", "explore", "--out", __file__], "is a file, not a directory"),
     (["wsc-llm", "robustness", "--out", __file__ + "/x"], "is a file, not a directory"),
+    (["wsc-llm", "serve", "--out", "metrics.txt"], "this command writes CSV"),
+    (["wsc-llm", "explore", "--figure", "space.xyz"], "a figure is written in the format its extension names"),
+    (["wsc-llm", "place", *SMALL, "--figure", "wafer"], "a figure is written in the format its extension names"),
 ])
 def test_bad_input_exit_2_one_line(args, fragment, capsys):
     code = main(args)

@@ -109,6 +109,22 @@ def test_bad_input_is_a_clear_value_error(setup):
         si.pack_inputs(setup, synthetic_trace("conv", 65), shape)
 
 
+def test_a_clock_too_coarse_for_the_latencies_is_refused(setup):
+    """At a rate so low that float32 cannot resolve a decode iteration at the last event, the run is refused
+    (it reported zero or negative latencies); float64 resolves it; at a low but ordinary rate float32 is kept.
+    Rates whose arrivals no float can hold are refused where the trace is made."""
+    ok32, ok64 = _run(setup, seed=4, n=30, load=0.01), _run(setup, seed=4, n=30, load=0.01, dtype=jnp.float64)
+    for k in ("ttft_p50", "tpot_p50", "e2e_p50"):
+        assert ok32.metrics[k] == pytest.approx(ok64.metrics[k], rel=1e-3)
+    with pytest.raises(SpecError, match="float32 resolves time only to .* too coarse for its median time per"):
+        _run(setup, seed=4, n=30, load=1e-7)
+    fine = _run(setup, seed=4, n=30, load=1e-7, dtype=jnp.float64)
+    for k in ("ttft_p50", "tpot_p50"):
+        assert fine.metrics[k] == pytest.approx(ok64.metrics[k], rel=0.05)
+    with pytest.raises(SpecError, match="rate = 1e-300 is below the smallest accepted value, 1e-12"):
+        synthetic_trace("conv", 30, 1e-300)
+
+
 def test_serve_cli_json_and_table(capsys):
     args = ["wsc-llm", "serve", "--model", "llama2-7b", "--hardware", "wsc-4x4", "--requests", "60",
             "--max-batch", "32", "--load", "1.0"]
@@ -121,13 +137,15 @@ def test_serve_cli_json_and_table(capsys):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--rate", "-3"], "--rate must be a positive number"),
+    (["--rate", "-3"], "--rate must be > 0"),
     (["--load", "0"], "--load must be a positive number"),
     (["--rate", "2", "--load", "1"], "give --rate or --load, not both"),
     (["--workload", "chat"], "unknown workload"),
     (["--requests", "1"], "--requests must be an integer >= 2"),
     (["--model", "llama3.1-405b", "--hardware", "wsc-2x2"], "cannot be served on wsc-2x2"),
     (["--tpot-slo-ms", "-5"], "must be positive numbers"),
+    (["--rate", "1e-300", "--requests", "8"], "--rate = 1e-300 is below the smallest accepted value, 1e-12"),
+    (["--rate", "1e-6", "--requests", "8"], "too coarse for its median"),
 ])
 def test_serve_cli_bad_input_exit_2(args, fragment, capsys):
     code = main(["wsc-llm", "serve", "--hardware", "wsc-4x4", *args])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import seed
+from .common import check_figure_file, check_output_file, seed
 
 DEFAULT_JSON = "results/calibration.json"
 DEFAULT_FIGURE = "figures/calibration.png"
@@ -53,8 +53,10 @@ def _path_or_none(value):
 def run_calibrate_command(args) -> int:
     from ..validation.calibration import run_calibration
 
-    if args.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if _path_or_none(args.out):
+        check_output_file(args.out)
+    if _path_or_none(args.figure):
+        check_figure_file(args.figure)
     if args.test_fraction is not None and not 0 < args.test_fraction < 1:
         raise ValueError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
 

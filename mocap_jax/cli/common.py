@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,8 +34,7 @@ def _integer_text(text: str, lo: int, what: str) -> int:
     if v < lo:
         raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     if v > 2 ** 62:
-        raise argparse.ArgumentTypeError(f"{text} is too large: the simulator represents at most "
-                                         f"{LIMITS['seq_len']:,} tokens and {LIMITS['batch']:,} requests")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text}, too large to represent")
     return v
 
 
@@ -111,6 +111,21 @@ def check_output_file(path: str | os.PathLike) -> Path:
     return p
 
 
+def check_figure_file(path: str | os.PathLike) -> Path:
+    """A figure the command may write: :func:`check_output_file`, and an extension naming a figure format."""
+    from ..figures.style import check_figure_path
+
+    return check_output_file(check_figure_path(path))
+
+
+def check_csv_file(path: str | os.PathLike) -> Path:
+    """A CSV file the command may write: :func:`check_output_file`, and the ``.csv`` extension."""
+    p = check_output_file(path)
+    if p.suffix.lower() != ".csv":
+        raise SpecError(f"{str(p)!r}: this command writes CSV; give the file the .csv extension")
+    return p
+
+
 def check_output_dir(path: str | os.PathLike, allow_existing: bool = True, marker: str | None = None) -> Path:
     """A folder the command may write into, checked before any work: not a file, not under a file,
     writable; with ``marker``, a non-empty folder must hold that file (an earlier run of the same kind)."""
@@ -121,8 +136,12 @@ def check_output_dir(path: str | os.PathLike, allow_existing: bool = True, marke
         if parent.exists():
             break
     existing = next(q for q in [p] + list(p.parents) if q.exists() or q == Path(q.anchor or "."))
-    if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
-        raise SpecError(f"cannot write to {str(p)!r}: {str(existing)!r} is not writable")
+    if existing.exists():
+        try:                     # a real write, since permission bits do not bind root or special file systems
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as e:
+            raise SpecError(f"cannot write to {str(p)!r}: {str(existing)!r} is not writable ({e.strerror})") from None
     if p.is_dir() and marker is not None and any(p.iterdir()) and not (p / marker).exists():
         raise SpecError(f"{str(p)!r} is a non-empty directory that holds no earlier run ({marker} is missing); "
                         f"pass an empty or new directory")

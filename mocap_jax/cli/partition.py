@@ -50,14 +50,16 @@ def format_compare(res: dict) -> str:
     rows = [{**r, "choice": ", ".join(f"{k}={v}" for k, v in r["chose"].items()
                                       if k in ("chunks", "microbatch", "batch") or (k == "groups" and len(v) < 6))}
             for r in res["schemes"]]
-    lines.append(table(rows, [("scheme", "scheme"), ("batch", "B'"), ("prefill_latency_s", "prefill s"),
-                              ("e2e_latency_mean_s", "E2E mean s"), ("e2e_latency_p99_s", "E2E p99 s"),
-                              ("throughput_rps", "sat. req/s"), ("max_seq_len", "max S"),
-                              ("e2e_mean_vs_gpipe", "E2E/GPipe"), ("e2e_mean_vs_terapipe", "E2E/TeraPipe"),
-                              ("throughput_vs_gpipe", "thr/GPipe"), ("max_seq_len_vs_terapipe", "maxS/TeraPipe"),
-                              ("choice", "chose")], digits=4))
-    lines += ["", "B' = the largest batch the scheme's choices admit; sat. = saturation throughput B'/period; "
-              "max S = longest feasible sequence for one request with the scheme's chunk-size fractions.",
+    max_seq = res.get("with_max_seq", True)       # without the search, max S is not known: no column
+    columns = [("scheme", "scheme"), ("batch", "B'"), ("prefill_latency_s", "prefill s"),
+               ("e2e_latency_mean_s", "E2E mean s"), ("e2e_latency_p99_s", "E2E p99 s"),
+               ("throughput_rps", "sat. req/s"), ("max_seq_len", "max S"), ("e2e_mean_vs_gpipe", "E2E/GPipe"),
+               ("e2e_mean_vs_terapipe", "E2E/TeraPipe"), ("throughput_vs_gpipe", "thr/GPipe"),
+               ("max_seq_len_vs_terapipe", "maxS/TeraPipe"), ("choice", "chose")]
+    lines.append(table(rows, [c for c in columns if max_seq or not c[0].startswith("max_seq_len")], digits=4))
+    lines += ["", "B' = the largest batch the scheme's choices admit; sat. = saturation throughput B'/period"
+              + ("; max S = longest feasible sequence for one request with the scheme's chunk-size fractions."
+                 if max_seq else " (max S not searched: --no-max-seq)."),
               f"wall time {res['wall_s']:.1f} s"]
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import seed
+from .common import check_figure_file, seed
 
 _LABELS = {
     "finish_times": "finish times (every item, stage)",
@@ -236,6 +236,9 @@ def cmd_measurements(args) -> int:
     ok = True
     if args.profiles is not None:
         from ..validation.profiles import profiles_report
+
+        if args.figure:
+            check_figure_file(args.figure)
 
         out["profiles"] = profiles_report(args.profiles, args.hardware)
         ok = out["profiles"]["target"]["met"]

@@ -145,8 +145,8 @@ def offline_strategies(args):
         raise SpecError(f"--max-batch must be a positive integer, got {args.max_batch}")
     if not args.tpot_slo_ms > 0 or not args.ttft_slo_s > 0:
         raise SpecError("--tpot-slo-ms and --ttft-slo-s must be positive")
-    if args.rate is not None and (not args.rate > 0 or not math.isfinite(args.rate)):
-        raise SpecError(f"--rate must be a positive number of requests/s, got {args.rate}")
+    if args.rate is not None:
+        checks.load("--rate", args.rate)
     strategies = part.validate_strategies([s.strip() for s in args.strategies.split(",") if s.strip()])
     return strategies
 

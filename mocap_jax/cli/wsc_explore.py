@@ -15,7 +15,7 @@ from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
 from ..wsc.workload import WORKLOAD_TTFT_SLOS
-from .common import check_output_dir, check_output_file
+from .common import check_figure_file, check_output_dir
 from .wsc_args import (METRIC_COLUMNS, emit_json, floats, metric_cells, names, program_dtype, serving_args,
                        serving_config, table)
 
@@ -83,7 +83,7 @@ def cmd_explore(args) -> int:
     models, workloads, loads = sweep.models, sweep.workloads, sweep.loads
     check_output_dir(args.out)
     if not args.no_figure:
-        check_output_file(args.figure)
+        check_figure_file(args.figure)
     res = ex.explore(sweep, config, {} if args.ttft_slo_s is not None else None, program_dtype(args))
     out = Path(args.out)
     csv_path = res.write_csv(out / "wsc_explore.csv")
@@ -171,7 +171,7 @@ def cmd_robustness(args) -> int:
     perts = rb.sample_perturbations(args.perturbations, args.seed, args.spread, (args.latency_min, args.latency_max))
     check_output_dir(args.out)
     if not args.no_figure:
-        check_output_file(args.figure)
+        check_figure_file(args.figure)
     res = rb.run_robustness(sweep, perts, config, {} if args.ttft_slo_s is not None else None, program_dtype(args),
                             args.group)
     out = Path(args.out)

@@ -21,7 +21,7 @@ from ..wsc import placement as plc
 from ..wsc.placement_compare import compare_placements
 from ..wsc.figures_wafer import plot_placement
 from ..wsc.hardware import WAFER_PRESETS
-from .common import seed
+from .common import check_figure_file, seed
 from .wsc_args import common_args, emit_json, hardware_line, instance_args, offline_setup, resolve_instances, table
 
 
@@ -111,6 +111,8 @@ def cmd_place(args) -> int:
     for name in ("random_samples", "chains", "steps"):
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.figure:
+        check_figure_file(args.figure)
     model, wafer, workload, strategies = offline_setup(args)
     if not wafer.is_mesh:
         raise SpecError(f"placement is defined on a mesh wafer; {wafer.name} is a GPU cluster")

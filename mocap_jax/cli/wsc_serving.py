@@ -22,7 +22,7 @@ from ..wsc.serving import simulate
 from ..wsc.setup import CONTENTION, PLACEMENTS, SCHEDULERS, ServingConfig, build_setup, workload_for
 from ..wsc.synthetic import LENGTH_FITS, get_trace, resolve_workload_name, synthetic_trace
 from ..wsc.workload import WORKLOAD_PRESETS
-from .common import seed
+from .common import check_csv_file, seed
 from .wsc_args import (METRIC_COLUMNS, design_point_args, emit_json, hardware_line, metric_cells, program_dtype,
                        serving_args, serving_config, table, wafer_from_args)
 
@@ -56,12 +56,14 @@ def cmd_trace(args) -> int:
 def cmd_serve(args) -> int:
     from_file = str(args.workload).lower().endswith(".csv")
     config = serving_config(args, None if from_file else resolve_workload_name(args.workload, traces=True))
-    if args.rate is not None and (not args.rate > 0 or not math.isfinite(args.rate)):
-        raise SpecError(f"--rate must be a positive number of requests/s, got {args.rate}")
+    if args.rate is not None:
+        checks.load("--rate", args.rate)
     if args.load is not None and (not args.load > 0 or not math.isfinite(args.load)):
         raise SpecError(f"--load must be a positive number, got {args.load}")
     if args.rate is not None and args.load is not None:
         raise SpecError("give --rate or --load, not both")
+    if args.out:
+        check_csv_file(args.out)
     dtype = program_dtype(args)
     if args.check_reference:
         jax.config.update("jax_enable_x64", True)
@@ -94,7 +96,7 @@ def cmd_serve(args) -> int:
     print(f"scheduler {setup.scheduler} (placement {setup.placement}, memory {setup.memory_policy}): "
           f"{d['n_prefill']} x prefill {d['prefill']}, {d['n_decode']} x decode {d['decode']}, batch cap "
           f"{d['batch_cap']}, partition capacity {d['served_rps']:.1f} req/s")
-    print(f"workload {trace.name}: {len(trace)} requests at {trace.rate:.2f} req/s; SLOs TTFT {config.ttft_slo_s:g} s, "
+    print(f"workload {trace.name}: {len(trace)} requests at {trace.rate:.4g} req/s; SLOs TTFT {config.ttft_slo_s:g} s, "
           f"TPOT {config.tpot_slo_s * 1e3:g} ms")
     print()
     print(table([c for _, c in METRIC_COLUMNS], [metric_cells(res.metrics)]))

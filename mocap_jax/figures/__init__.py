@@ -5,3 +5,5 @@ The ``figures/`` folder at the top of the repository holds the rendered PNGs and
 """
 
 FIGURES = ("occupancy", "gantt", "chunks", "max_seq", "latency")
+#: file formats every figure can be written in, chosen by the path's extension (matplotlib's back ends)
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")

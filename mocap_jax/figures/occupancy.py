@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import api
-from .style import plt
+from .style import plt, save
 
 
 def run_occupancy(model="llama3-70b", hardware="mocap-4x4", seq_len=5_600_000, chunks=16, batch=1, num_batches=1,
@@ -40,6 +40,4 @@ def plot_occupancy(data: dict, path) -> str:
     fig.suptitle(f"Per-stage KV occupancy: {data['model']} on {data['hardware']}, S = {data['seq_len']:,} tokens, "
                  f"B = {data['batch']}, M = {data['chunks']} (spilled {data['spilled_bytes'] / 1e9:.0f} GB with MBKR)",
                  fontsize=10)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return str(path)
+    return save(fig, path, tight_layout=False, bbox_inches="tight")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +11,9 @@ import numpy as np
 def plot_profiles(report: dict[str, Any], path) -> Path:
     """Three log-log panels: GEMMs in case (a), GEMMs in case (b), collectives (datasheet link model).
 
-    Written atomically (a temporary file, then ``os.replace``).  Returns the path.
+    Written atomically (:func:`~mocap_jax.figures.style.save`).  Returns the path.
     """
-    from .style import plt
+    from .style import plt, save
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     panels = [("(a) GEMMs, efficiencies fitted on the other GPU", report["points"]["cross_gpu"]),
@@ -39,12 +37,4 @@ def plot_profiles(report: dict[str, Any], path) -> Path:
         ax.set_xlabel("measured (ms)")
         ax.set_ylabel("predicted (ms)")
         ax.legend(fontsize=6, markerscale=3, loc="upper left")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=130)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return Path(save(fig, path))

@@ -56,8 +56,17 @@ LIMITS = {
     # hardware magnitudes: FLOP/s, bytes, bytes/s; products with the counts above stay
     # below float32's 3.4e38
     "hardware_magnitude": 1e20,
+    # smallest hardware magnitude (one FLOP/s, byte or byte/s) and efficiency (the calibration's
+    # fitting floor): times are work / (magnitude x efficiency), so slower hardware overflows
+    # float32 times on ordinary work
+    "hardware_minimum": 1.0,
+    "efficiency_minimum": 1e-4,
     # seconds of a fixed per-hop or per-layer latency
     "latency_s": 1.0,
+    # request rates, requests/s: at the smallest, the largest trace (2^20 requests) spans about
+    # 1e18 s; slower arrivals are not representable as times
+    "load_min": 1e-12,
+    "load": 1e12,
 }
 
 
@@ -113,12 +122,21 @@ def number(name: str, v: Any, lo: float | None = None, hi: float | None = None, 
     return f
 
 
-def positive(name: str, v: Any, hi: float = LIMITS["hardware_magnitude"], hint: str = "") -> float:
-    """A finite number in ``(0, hi]``; also refuses values so small that their reciprocal overflows."""
+def positive(name: str, v: Any, hi: float = LIMITS["hardware_magnitude"], hint: str = "",
+             lo: float | None = None) -> float:
+    """A finite number in ``(0, hi]`` and at least ``lo`` (default ``1 / hi``, so that its reciprocal stays finite)."""
     f = number(name, v, 0.0, hi, lo_open=True, hint=hint)
-    if f < 1.0 / hi:
-        raise SpecError(f"{name} = {v!r} is below the smallest accepted value, {1.0 / hi:g}.{hint}")
+    lo = 1.0 / hi if lo is None else lo
+    if f < lo:
+        raise SpecError(f"{name} = {v!r} is below the smallest accepted value, {lo:g}.{hint}")
     return f
+
+
+def load(name: str, v: Any) -> float:
+    """A request rate, requests/s, in ``[LIMITS["load_min"], LIMITS["load"]]``."""
+    lo, hi = LIMITS["load_min"], LIMITS["load"]
+    return positive(name, v, hi, lo=lo, hint=f" Pass a request rate in requests/s, from {lo:g} (slower arrivals are "
+                                             f"not representable as times) to {hi:g}.")
 
 
 def fraction(name: str, v: Any, *, open_low: bool = False, hint: str = "") -> float:

@@ -84,12 +84,14 @@ class HardwareSpec:
                             f"{checks.LIMITS['dies']:,} dies")
         checks.choice(f"{where}: topology", self.topology, ("mesh", "switch"))
         for f in ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "cross_wafer_bandwidth"):
-            checks.positive(f"{where}: {f}", getattr(self, f))
+            checks.positive(f"{where}: {f}", getattr(self, f), lo=checks.LIMITS["hardware_minimum"],
+                            hint=" Give FLOP/s, bytes or bytes/s (1 at least).")
         for f in ("weight_bytes", "kv_bytes", "activation_bytes"):
             checks.number(f"{where}: {f}", getattr(self, f), 0.0, 16.0, lo_open=True,
                           hint=" Bytes per stored element, e.g. 2 for BF16, 1 for FP8.")
-        for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link", "usable_hbm_fraction"):
-            checks.fraction(f"{where}: {f}", getattr(self, f), open_low=True)
+        for f in ("eff_gemm", "eff_attention", "eff_hbm", "eff_link"):
+            checks.number(f"{where}: {f}", getattr(self, f), checks.LIMITS["efficiency_minimum"], 1.0)
+        checks.fraction(f"{where}: usable_hbm_fraction", self.usable_hbm_fraction, open_low=True)
         for f in ("link_latency_s", "layer_overhead_s", "gemm_fixed_s"):
             checks.number(f"{where}: {f}", getattr(self, f), 0.0, checks.LIMITS["latency_s"])
         checks.integer(f"{where}: mlp_token_tile", self.mlp_token_tile, 0, checks.LIMITS["seq_len"],

@@ -291,7 +291,7 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
     """
     st = settings or CompareSettings()
     if load is not None:
-        load = checks.number("load", load, 0.0, 1e12, lo_open=True, hint=" Pass a request rate in requests/s.")
+        load = checks.load("load", load)
     schemes = tuple(schemes)
     for s in schemes:
         checks.choice("scheme", s, ALL_SCHEMES)
@@ -306,6 +306,10 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
         sat = [run(p.config, timeline=False, items=p.items).throughput_rps for p in plans.values() if p.config]
         sat = [v for v in sat if v > 0]
         load = DEFAULT_LOAD_FRACTION * min(sat) if sat else 1.0
+        if load < LIMITS["load_min"]:
+            raise SpecError(f"the slowest scheme saturates at {min(sat):.3g} requests/s on {hw.name}, so the default "
+                            f"load ({DEFAULT_LOAD_FRACTION:g} x that) is below {LIMITS['load_min']:g} requests/s, where "
+                            f"arrivals are not representable; pass a load (--load) or use faster hardware")
     results = [evaluate_scheme(plans[s], load, st) for s in schemes]
     base = {r.scheme: r for r in results}
 
@@ -327,5 +331,6 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
         rows.append(d)
     return {"model": m.name, "hardware": hw.name, "seq_len": S, "load_rps": load, "requests": st.requests,
             "arrivals": st.arrivals, "chunks": st.chunks, "granularity": st.plan.granularity, "tp": st.tp,
-            "admission": st.admission, "release": st.release, "schemes": rows, "wall_s": time.perf_counter() - t0,
+            "admission": st.admission, "release": st.release, "with_max_seq": st.with_max_seq, "schemes": rows,
+            "wall_s": time.perf_counter() - t0,
             "plans": {s: p.chose.get("plan") for s, p in plans.items() if "plan" in p.chose}}

@@ -33,8 +33,6 @@ DIE_FIELDS = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "link_bandwidth", "
 FRACTION_DIE_FIELDS = ("eff_gemm", "eff_attention", "eff_hbm", "eff_link", "usable_hbm_fraction")
 LATENCY_DIE_FIELDS = ("link_latency_s", "layer_overhead_s", "gemm_fixed_s")
 
-#: jax.random.PRNGKey keeps only the low 32 bits of a larger seed without 64-bit mode
-MAX_SEED = 2 ** 32 - 1
 #: points per compiled call: a block's inputs are held in host and device memory at once
 MAX_BLOCK = 2 ** 24
 
@@ -104,7 +102,7 @@ KEYS: dict[str, Key] = {
     "p1": Key(checks.fraction, DEFAULT_P1, "MBKR creditor threshold (fraction of KV budget)"),
     "p2": Key(checks.fraction, DEFAULT_P2, "MBKR debtor threshold (fraction of KV budget)"),
     "read_overlap": Key(checks.fraction, DEFAULT_READ_OVERLAP, "fraction of local attention hiding a remote read"),
-    "load": Key(_optional(checks.positive), None, "request rate (requests/s) for end-to-end latency; omit for "
+    "load": Key(_optional(checks.load), None, "request rate (requests/s) for end-to-end latency; omit for "
                                                   "prefill only"),
     "requests": Key(_count(LIMITS["requests"]), 256, "simulated requests for end-to-end latency"),
     "arrivals": Key(_choice(ARRIVALS), "poisson", "arrival process"),
@@ -113,13 +111,13 @@ KEYS: dict[str, Key] = {
     "steps": Key(_count(LIMITS["steps"]), 600, "LBCP annealing steps"),
     "objective": Key(_choice(OBJECTIVES), "prefill", "LBCP objective"),
     "max_batch": Key(_count(LIMITS["batch"]), 256, "upper end of the batch = \"auto\" search"),
-    "seed": Key(_count(MAX_SEED, lo=0), 0, "seed of arrivals and annealing (default: [sweep] seed)"),
+    "seed": Key(_count(LIMITS["seed"], lo=0), 0, "seed of arrivals and annealing (default: [sweep] seed)"),
 }
 
 SETTINGS: dict[str, Key] = {
     "name": Key(checks.text, "sweep", "name (default output directory sweep-results/NAME)"),
     "description": Key(lambda name, v: v if v == "" else checks.text(name, v), "", "free text"),
-    "seed": Key(_count(MAX_SEED, lo=0), 0, "default seed of every point"),
+    "seed": Key(_count(LIMITS["seed"], lo=0), 0, "default seed of every point"),
     "block_size": Key(_count(MAX_BLOCK, lo=0), 0, "points per compiled call (0: 4096 on CPU, 32768 on accelerators)"),
     "micro_batch": Key(_count(MAX_BLOCK, lo=0), 0, "points per vectorised step inside a block (0: 64 on CPU, "
                                                    "4096 otherwise)"),

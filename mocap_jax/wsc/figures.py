@@ -14,7 +14,6 @@ and save to the given path.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,10 @@ def pyplot():
 
 
 def save_figure(fig, path, bbox_inches="tight") -> Path:
-    """Save ``fig`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=130, bbox_inches=bbox_inches)
-    os.replace(tmp, path)
-    pyplot().close(fig)
-    return path
+    """Save ``fig`` to ``path`` atomically (:func:`mocap_jax.figures.style.save`) and close it."""
+    from ..figures.style import save
+
+    return Path(save(fig, path, tight_layout=False, bbox_inches=bbox_inches))
 
 
 # --------------------------------------------------------------------------- design space

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..specs import SpecError
 from .setup import ServingSetup
 from .traces import Trace
 
@@ -92,6 +93,34 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
     return out
 
 
+#: Both simulators keep one absolute clock, so every step they add rounds to the clock's spacing at
+#: that time.  A run is trusted when the spacing at its last event is at most this share of the
+#: shortest latency it reports (the median TPOT, or the median TTFT): a decode iteration then rounds
+#: by at most 1% of its length.  Ordinary traces stay far below it (float32, 2,000 requests at
+#: 0.8 x capacity: 1e-4); measurements against float64 are in docs/wsc_llm.md.
+CLOCK_RESOLUTION = 0.02
+
+
+def check_clock(trace: Trace, metrics: dict[str, Any], dtype, label: str) -> None:
+    """Refuse a run whose float clock is too coarse for the latencies it reports (see :data:`CLOCK_RESOLUTION`)."""
+    names = {"tpot_p50": "time per output token", "ttft_p50": "time to first token"}
+    reported = [(metrics[k], names[k]) for k in names if math.isfinite(metrics[k])]
+    if not reported:
+        return
+    shortest, name = min(reported)
+    end = float(trace.arrival_s[-1])
+    if math.isfinite(metrics["makespan_s"]):
+        end = max(end, float(trace.arrival_s[0]) + metrics["makespan_s"])
+    dtype = np.dtype(dtype)
+    spacing = float(np.spacing(np.abs(np.asarray(end, dtype))))
+    if spacing > CLOCK_RESOLUTION * shortest:
+        raise SpecError(
+            f"{label}: {len(trace)} requests at {trace.rate:.3g} req/s run to t = {end:.4g} s, where {dtype} "
+            f"resolves time only to {spacing:.3g} s, too coarse for its median {name} of {shortest * 1e3:.3g} ms, "
+            f"which the clock must resolve to {CLOCK_RESOLUTION:.0%}; use float64 (--dtype float64 on the command "
+            f"line), a higher rate or fewer requests")
+
+
 @dataclass
 class ServingResult:
     """Outcome of one design point: set-up, trace, per-request and aggregate metrics."""
@@ -149,5 +178,5 @@ def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]
     return out
 
 
-__all__ = ["RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics",
+__all__ = ["CLOCK_RESOLUTION", "check_clock", "RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics",
            "agreement"]

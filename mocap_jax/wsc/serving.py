@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..specs import SpecError, checks
-from .metrics import ServingResult, aggregate_metrics, infeasible_metrics, request_metrics
+from .metrics import ServingResult, aggregate_metrics, check_clock, infeasible_metrics, request_metrics
 from .serving_inputs import ServingInputs, ServingShape, pack_inputs, request_bucket, shape_for, stack_inputs
 from .serving_state import initial_state
 from .serving_step import init_batch, run_batch
@@ -304,6 +304,7 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
                 rm = request_metrics(trace, row["ttft_t"][:n], row["finish_t"][:n], row["dropped"][:n])
                 met = aggregate_metrics(trace, rm, setup, float(row["kv_area"]), float(row["kv_peak"]),
                                         float(row["end_s"]))
+                check_clock(trace, met, dtype, f"design point {k} ({setup.label})")
                 met.update(events=int(row["events"]), leaped=int(row["leaped"]), complete=row["complete"])
                 raw = {f: row[f][:n] for f in RAW_FIELDS} if keep_raw else None
                 results[k] = ServingResult(setup, trace, met, rm, raw)

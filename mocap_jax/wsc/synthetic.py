@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..specs import SpecError
-from .traces import Trace, check_rate, load_azure_trace
+from ..specs import SpecError, checks
+from .traces import Trace, load_azure_trace
 from .workload import LONG_CONTEXT_OUTPUT, LONG_CONTEXT_PROMPT, WORKLOAD_PRESETS
 
 WORKLOAD_ALIASES = {"code": "azure-code", "conv": "azure-conv", "conversation": "azure-conv",
@@ -169,7 +169,7 @@ def synthetic_trace(workload: str = "azure-conv", requests: int = 1000, rate: fl
     """
     name = resolve_workload_name(workload)
     rate = WORKLOAD_PRESETS[name].rate if rate is None else rate
-    check_rate(rate)
+    checks.load("rate", rate)
     if not isinstance(requests, (int, np.integer)) or isinstance(requests, bool) or requests < 1:
         raise SpecError(f"the number of requests must be a positive integer, got {requests!r}")
     rng = np.random.default_rng(seed)
@@ -193,7 +193,7 @@ def get_trace(source: "str | Path | Trace", requests: int | None = None, rate: f
       SpecError: unknown preset, unreadable or malformed file, non-positive rate or count.
     """
     if rate is not None:
-        check_rate(rate)
+        checks.load("rate", rate)
     if requests is not None and (not isinstance(requests, (int, np.integer)) or isinstance(requests, bool)
                                  or requests < 1):
         raise SpecError(f"the number of requests must be a positive integer, got {requests!r}")

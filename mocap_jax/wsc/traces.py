@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..specs import SpecError
-from .workload import DEFAULT_OUTPUT_CUTS, DEFAULT_PROMPT_BINS, WORKLOAD_PRESETS, WorkloadSpec, summarise_lengths
+from ..specs import SpecError, checks
+from .workload import (DEFAULT_OUTPUT_CUTS, DEFAULT_PROMPT_BINS, WORKLOAD_PRESETS, WorkloadSpec,
+                       summarise_lengths)
 
 AZURE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
 
@@ -72,7 +73,7 @@ class Trace:
 
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with inter-arrival times rescaled so that :attr:`rate` is ``rate`` req/s."""
-        check_rate(rate)
+        checks.load("rate", rate)
         if not self.span_s > 0:
             raise SpecError(f"trace {self.name!r}: every request arrives at the same time; its rate cannot be scaled")
         a0 = self.arrival_s[0]
@@ -102,12 +103,6 @@ class Trace:
                 "prompt_mean": float(p.mean()), "prompt_median": float(np.median(p)), "prompt_max": int(p.max()),
                 "output_mean": float(o.mean()), "output_median": float(np.median(o)), "output_max": int(o.max()),
                 "shared_timestamps": int(np.sum(np.diff(self.arrival_s) == 0))}
-
-
-def check_rate(rate) -> None:
-    if not isinstance(rate, (int, float, np.floating, np.integer)) or isinstance(rate, bool) \
-            or not math.isfinite(float(rate)) or not float(rate) > 0:
-        raise SpecError(f"rate must be a positive number of requests/s, got {rate!r}")
 
 
 def parse_timestamp(stamp: str) -> float:
@@ -266,11 +261,9 @@ def get_workload(name_or_spec: "str | Path | WorkloadSpec", rate: float | None =
             raise SpecError(f"unknown workload {str(name_or_spec)!r}.{hint} Presets: {sorted(WORKLOAD_PRESETS)}, "
                             f"or pass an Azure-format trace .csv path.")
     if rate is not None:
-        if not isinstance(rate, (int, float)) or not rate > 0 or not math.isfinite(rate):
-            raise SpecError(f"rate must be a positive number of requests/s, got {rate!r}")
+        checks.load("rate", rate)
         w = w.with_rate(rate)
     return w
 
 
-__all__ = ["Trace", "AZURE_COLUMNS", "parse_timestamp", "load_azure_trace", "workload_from_trace", "get_workload",
-           "check_rate"]
+__all__ = ["Trace", "AZURE_COLUMNS", "parse_timestamp", "load_azure_trace", "workload_from_trace", "get_workload"]

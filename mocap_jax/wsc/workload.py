@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import pytree
-from ..specs import SpecError
+from ..specs import SpecError, checks
 
 Array = Any
 
@@ -55,9 +55,7 @@ class WorkloadSpec:
     weights: tuple[float, ...]
 
     def __post_init__(self):
-        if not isinstance(self.rate, (int, float)) or isinstance(self.rate, bool) or not self.rate > 0 \
-                or not math.isfinite(self.rate):
-            raise SpecError(f"workload {self.name!r}: rate must be a positive number of requests/s, got {self.rate!r}")
+        checks.load(f"workload {self.name!r}: rate", self.rate)
         k = len(self.prompt_tokens)
         if k == 0 or len(self.output_tokens) != k or len(self.weights) != k:
             raise SpecError(f"workload {self.name!r}: prompt_tokens, output_tokens and weights need the same "

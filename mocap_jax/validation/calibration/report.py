@@ -219,7 +219,6 @@ def plot_calibration(report: dict, path) -> Path:
                  fontsize=8.5)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="upper left", fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    return path
+    from ...figures.style import save
+
+    return Path(save(fig, path, tight_layout=False))
