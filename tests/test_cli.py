@@ -176,6 +176,19 @@ def test_module_entry_point_bad_input_has_no_traceback(tmp_path):
     assert "not valid TOML" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_dtype_float64_on_the_command_line_runs_in_float64(tmp_path):
+    """A command that offers --dtype float64 turns 64-bit JAX on itself (a fresh process, without
+    JAX_ENABLE_X64), and the answer is the float32 one to float32 rounding."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    args = [sys.executable, "-m", "mocap_jax", "--compile-cache", "off", "simulate", "--model", "llama3.1-8b",
+            "--hardware", "mocap-2x2", "--seq-len", "4096", "--chunks", "4", "--json"]
+    runs = [subprocess.run(args + ["--dtype", d], capture_output=True, text=True, timeout=300, env=env)
+            for d in ("float64", "float32")]
+    assert [p.returncode for p in runs] == [0, 0], runs[0].stderr
+    f64, f32 = (json.loads(p.stdout)["prefill_latency_s"] for p in runs)
+    assert f64 == pytest.approx(f32, rel=1e-5) and f64 != f32
+
+
 def test_placement_on_a_large_mesh_answers_quickly(capsys):
     code, out, _ = run(["placement", "--hardware", "mocap-60x60", "--stages", "16", "--json"], capsys)
     d = json.loads(out)

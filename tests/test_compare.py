@@ -69,3 +69,12 @@ def test_a_default_load_too_small_for_arrivals_is_refused_by_name():
     hw = mocap_wafer(2, 2, **slow)
     with pytest.raises(SpecError, match="the slowest scheme saturates at .* pass a load"):
         compare("llama3.1-8b", hw, 4096, schemes=("gpipe", "terapipe"), settings=_settings(1))
+
+
+def test_a_load_whose_clock_cannot_resolve_the_latencies_is_refused():
+    """At 1e-9 requests/s the last of 8 arrivals lies near 5e9 s, where float32 resolves 512 s: every
+    end-to-end latency came out as 0.  The comparison refuses it and says what to change."""
+    from mocap_jax.specs import SpecError
+
+    with pytest.raises(SpecError, match=r"gpipe: load = 1e-09 .* float32 resolves time only to 512 s.*\(--dtype float64\)"):
+        compare("llama3.1-8b", "mocap-2x2", 4096, load=1e-9, schemes=("gpipe",), settings=_settings(1))

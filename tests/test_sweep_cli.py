@@ -66,6 +66,11 @@ def test_bench_by_bucket_refuses_options_it_cannot_honour(capsys):
     err = capsys.readouterr().err
     assert "--by-bucket" in err and "Traceback" not in err
     assert main(["bench", "sweep", "--by-bucket", "--write-rows", "0"]) == 2
+    capsys.readouterr()
+    for extra in ([], ["--by-bucket"]):       # more points than the sweep holds: refused, not quietly fewer
+        assert main(["bench", "sweep", "--points", "1000001", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "exceeds the 1,000,000 points of sweeps/million.toml" in err and err.count("\n") == 1
 
 
 def test_bench_sweep_by_bucket_json(capsys):

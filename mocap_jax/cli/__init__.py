@@ -80,6 +80,15 @@ def _use_compile_cache(args) -> None:
         enable_compilation_cache()
 
 
+def _use_dtype(args) -> None:
+    """``--dtype float64`` turns on 64-bit JAX for this process, before anything is traced (the library
+    leaves that switch to its caller; a command that offers float64 is that caller)."""
+    if getattr(args, "dtype", None) == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+
+
 def _fail(args, message: str) -> int:
     """One line on stderr, exit code 2."""
     command = " ".join(x for x in (getattr(args, "command", None), getattr(args, "wsc_command", None),
@@ -94,6 +103,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         _use_compile_cache(args)
+        _use_dtype(args)
         code = args.func(args)
     except BrokenPipeError:                   # the reader (e.g. head) closed the pipe: nothing more to say
         return 0

@@ -267,7 +267,19 @@ def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None
             "points_per_s_excluding_compile": n / total, "buckets": rows}
 
 
+def _check_bench_points(points: int) -> None:
+    """Refuse more points than the million-point sweep holds (rather than measuring fewer than asked)."""
+    from ..sweep import load_sweep
+    from ..sweep.space import Space
+
+    total = Space(load_sweep(_million_source())).total
+    if points > total:
+        raise ValueError(f"--points {points:,} exceeds the {total:,} points of sweeps/million.toml; pass at most "
+                         f"{total:,}")
+
+
 def cmd_bench_sweep(args) -> int:
+    _check_bench_points(args.points)
     if args.by_bucket:
         if args.out is not None or args.write_rows is not None:
             raise ValueError("--by-bucket keeps no results and writes no rows: drop --out and --write-rows")

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..prefill.evaluate import Point, Structure
 from ..prefill.points import replace_items
@@ -91,3 +92,31 @@ def e2e_latency(point: Point, partition, seq_len, microbatch, batch_cap, arrival
 
 
 e2e_latency_jit = jax.jit(e2e_latency, static_argnames=("shape",))
+
+#: End-to-end latency is computed on an absolute clock (arrival times), so its float spacing at
+#: the last event must stay below this share of the median end-to-end latency, or the latencies
+#: are rounding noise (at 1e-9 requests/s, float32 reports every latency as 0).
+E2E_CLOCK_RESOLUTION = 1e-4
+
+
+def clock_resolved(last_arrival_s, e2e_mean_s, e2e_p50_s, e2e_p99_s, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Whether ``dtype`` resolves each evaluation's end-to-end latencies (:data:`E2E_CLOCK_RESOLUTION`).
+
+    Arguments are ``[P]`` (or scalars) in seconds; where only the mean is known (the ``e2e`` objective of
+    the chunk-size search), it stands for the median and the p99.  Returns ``(resolved [P] bool, spacing [P] s)``: the
+    spacing of ``dtype`` at the last event (last arrival + p99 latency)."""
+    last = np.abs(np.asarray(last_arrival_s, np.float64) + np.asarray(e2e_p99_s, np.float64))
+    spacing = np.spacing(last.astype(dtype)).astype(np.float64)
+    mean = np.asarray(e2e_mean_s, np.float64)
+    return np.isfinite(mean) & (spacing <= E2E_CLOCK_RESOLUTION * np.asarray(e2e_p50_s, np.float64)), spacing
+
+
+def clock_message(load_rps: float, requests: int, last_arrival_s: float, spacing_s: float, e2e_p50_s: float,
+                  dtype, float64_option: str) -> str:
+    """The refusal of an evaluation whose clock is too coarse (:func:`clock_resolved`), with what to change;
+    ``float64_option`` says how to choose float64 where the caller offers it."""
+    dtype = np.dtype(dtype)
+    fix = "raise the load or lower the requests" + (f", or use float64 ({float64_option})" if dtype != np.float64 else "")
+    return (f"load = {load_rps:g} requests/s with requests = {requests} spreads arrivals over {last_arrival_s:.4g} s, "
+            f"where {dtype} resolves time only to {spacing_s:.3g} s, too coarse for its end-to-end latencies "
+            f"({e2e_p50_s:.4g} s as computed); {fix}")

@@ -37,7 +37,7 @@ from ..prefill.points import MBKRSettings, stage_routes
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape
 from ..serving.arrivals import arrival_times
-from ..serving.e2e import ServingShape, e2e_latency
+from ..serving.e2e import ServingShape, clock_message, clock_resolved, e2e_latency
 from ..specs import HardwareSpec, ModelSpec, SpecError, mocap_wafer
 from ..specs.mesh import snake_placement, stage_groups
 from .arrays import unique_rows
@@ -52,9 +52,6 @@ SUMMARY_OUTPUTS = ("prefill_latency_s", "raw_latency_s", "throughput_rps", "peri
                    "max_peak_mem_bytes", "max_kv_peak_bytes", "max_stage_weight_bytes", "usable_hbm_bytes",
                    "max_stage_utilisation")
 E2E_OUTPUTS = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "load_throughput_rps")
-#: end-to-end latency is computed on an absolute clock; the clock's resolution at the last arrival
-#: must stay below this fraction of a point's median end-to-end latency
-E2E_CLOCK_RESOLUTION = 1e-4
 
 
 class TemplateCache:
@@ -279,18 +276,15 @@ def _outputs_impossible(r) -> dict:
 def _check_e2e_clock(out: dict, r, arrivals: np.ndarray) -> None:
     """Refuse end-to-end latencies the float clock cannot resolve (never write them)."""
     P = len(r.ids)
-    ok = out["feasible"]
-    p50 = out["e2e_p50_s"].astype(np.float64)
-    clock = np.spacing(np.abs(arrivals[:P, -1] + out["e2e_p99_s"]).astype(arrivals.dtype)).astype(np.float64)
-    bad = np.nonzero(ok & ~(np.isfinite(out["e2e_mean_s"]) & (clock <= E2E_CLOCK_RESOLUTION * p50)))[0]
+    resolved, spacing = clock_resolved(arrivals[:P, -1], out["e2e_mean_s"], out["e2e_p50_s"], out["e2e_p99_s"],
+                                       arrivals.dtype)
+    bad = np.nonzero(out["feasible"] & ~resolved)[0]
     if len(bad):
         j = int(bad[0])
         v = r.point(j)
-        raise SpecError(
-            f"point {int(r.ids[j])}: load = {v['load']} requests/s with requests = {v['requests']} spreads arrivals "
-            f"over {float(arrivals[j, -1]):.4g} s, where {arrivals.dtype} resolves time only to "
-            f"{float(clock[j]):.3g} s, too coarse for an end-to-end latency of {float(p50[j]):.4g} s; raise load, "
-            f"lower requests or set dtype = \"float64\" in [sweep]")
+        raise SpecError(f"point {int(r.ids[j])}: " + clock_message(
+            v["load"], v["requests"], float(arrivals[j, -1]), float(spacing[j]), float(out["e2e_p50_s"][j]),
+            arrivals.dtype, 'dtype = "float64" in [sweep]'))
 
 
 class Evaluator:
