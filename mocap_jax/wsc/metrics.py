@@ -95,10 +95,10 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
 
 #: Both simulators keep one absolute clock, so every step they add rounds to the clock's spacing at
 #: that time.  A run is trusted when the spacing at its last event is at most this share of the
-#: shortest latency it reports (the median TPOT, or the median TTFT): a decode iteration then rounds
-#: by at most 1% of its length.  Ordinary traces stay far below it (float32, 2,000 requests at
-#: 0.8 x capacity: 1e-4); measurements against float64 are in docs/wsc_llm.md.
-CLOCK_RESOLUTION = 0.02
+#: shortest latency it reports (the median TPOT, or the median TTFT).  Measured against float64, the
+#: clock's error stays at float32's own floor (about 1e-3 in TTFT, TPOT and E2E) up to this share and
+#: grows about linearly beyond it (5e-3 at 0.47, 2-6% at 3.8); docs/wsc_llm.md has the numbers.
+CLOCK_RESOLUTION = 0.1
 
 
 def check_clock(trace: Trace, metrics: dict[str, Any], dtype, label: str) -> None:
