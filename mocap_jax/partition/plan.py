@@ -20,7 +20,7 @@ from ..mbkr.pairing import PAIRINGS
 from ..prefill.points import MBKRSettings
 from ..search.anneal import anneal, evaluate_states
 from ..serving.arrivals import arrival_times
-from ..serving.e2e import clock_message, clock_resolved
+from ..serving.e2e import check_clock
 from ..specs import LIMITS, SpecError, checks
 from .dp import check_granularity, chunk_cost_matrix_jit, proxy_dp
 from .objectives import OBJECTIVES, PartitionContext, PartitionProblem
@@ -152,10 +152,7 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
     win = min(per, key=lambda r: r["objective_s"])
     if settings.objective == "e2e" and np.isfinite(win["objective_s"]):     # inf: nothing fits, no clock to judge
         mean = win["objective_s"]
-        resolved, spacing = clock_resolved(arrivals[-1], mean, mean, mean, cfg.dtype)
-        if not resolved:
-            raise SpecError("e2e objective: " + clock_message(load, requests, float(arrivals[-1]), float(spacing), mean,
-                                                              cfg.dtype, "--dtype float64"))
+        check_clock("e2e objective", load, requests, arrivals[-1], mean, mean, mean, cfg.dtype, "--dtype float64")
     return {"scheme": scheme, "model": cfg.model.name, "hardware": cfg.hardware.name, "seq_len": S,
             "granularity": settings.granularity, "objective": settings.objective, "load_rps": load,
             "chunks": win["chunks"], "partition": win["partition"], "batch": win["batch"],

@@ -27,6 +27,7 @@ from ..prefill.points import replace_items
 from ..schedule.items import chunked_items, gpipe_items
 from ..schedule.recurrence import finish_times
 from ..schedule.shape import SimShape
+from ..specs import SpecError
 
 
 class ServingShape(NamedTuple):
@@ -111,12 +112,15 @@ def clock_resolved(last_arrival_s, e2e_mean_s, e2e_p50_s, e2e_p99_s, dtype) -> t
     return np.isfinite(mean) & (spacing <= E2E_CLOCK_RESOLUTION * np.asarray(e2e_p50_s, np.float64)), spacing
 
 
-def clock_message(load_rps: float, requests: int, last_arrival_s: float, spacing_s: float, e2e_p50_s: float,
-                  dtype, float64_option: str) -> str:
-    """The refusal of an evaluation whose clock is too coarse (:func:`clock_resolved`), with what to change;
-    ``float64_option`` says how to choose float64 where the caller offers it."""
+def check_clock(where: str, load_rps: float, requests: int, last_arrival_s: float, e2e_mean_s: float,
+                e2e_p50_s: float, e2e_p99_s: float, dtype, float64_option: str) -> None:
+    """Refuse one evaluation whose clock is too coarse (:func:`clock_resolved`), saying what to change;
+    ``where`` names it in the message and ``float64_option`` says how the caller chooses float64."""
+    resolved, spacing = clock_resolved(last_arrival_s, e2e_mean_s, e2e_p50_s, e2e_p99_s, dtype)
+    if resolved:
+        return
     dtype = np.dtype(dtype)
     fix = "raise the load or lower the requests" + (f", or use float64 ({float64_option})" if dtype != np.float64 else "")
-    return (f"load = {load_rps:g} requests/s with requests = {requests} spreads arrivals over {last_arrival_s:.4g} s, "
-            f"where {dtype} resolves time only to {spacing_s:.3g} s, too coarse for its end-to-end latencies "
-            f"({e2e_p50_s:.4g} s as computed); {fix}")
+    raise SpecError(f"{where}: load = {load_rps:g} requests/s with requests = {requests} spreads arrivals over "
+                    f"{float(last_arrival_s):.4g} s, where {dtype} resolves time only to {float(spacing):.3g} s, too "
+                    f"coarse for its end-to-end latencies ({float(e2e_p50_s):.4g} s as computed); {fix}")

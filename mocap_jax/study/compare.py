@@ -39,7 +39,7 @@ from ..partition.terapipe import TABLE_BATCH, check_table_size, cost_setting, pl
 from ..prefill.points import MBKRSettings
 from ..schedule.shape import bucket
 from ..serving.arrivals import ARRIVALS, arrival_times
-from ..serving.e2e import ServingShape, clock_message, clock_resolved, e2e_latency_jit
+from ..serving.e2e import ServingShape, check_clock, e2e_latency_jit
 from ..specs import LIMITS, SpecError, checks, get_hardware, get_model
 
 ALL_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
@@ -236,10 +236,8 @@ def _e2e(plan: SchemePlan, result, load: float, st: CompareSettings) -> dict:
                                          jnp.asarray(arrivals, cfg.dtype), jnp.asarray(extra), plain_cap,
                                          ServingShape(prefill=shape, requests=st.requests, gpipe=gpipe)))
     out = {k: float(out[k]) for k in ("mean_s", "p50_s", "p99_s", "throughput_rps")}
-    resolved, spacing = clock_resolved(arrivals[-1], out["mean_s"], out["p50_s"], out["p99_s"], cfg.dtype)
-    if not resolved:
-        raise SpecError(f"{plan.scheme}: " + clock_message(load, st.requests, float(arrivals[-1]), float(spacing),
-                                                           out["p50_s"], cfg.dtype, "--dtype float64"))
+    check_clock(plan.scheme, load, st.requests, arrivals[-1], out["mean_s"], out["p50_s"], out["p99_s"], cfg.dtype,
+                "--dtype float64")
     return out
 
 

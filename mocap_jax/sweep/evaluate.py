@@ -37,7 +37,7 @@ from ..prefill.points import MBKRSettings, stage_routes
 from ..schedule.items import Chunks, gpipe_items, uniform_partitions
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape
 from ..serving.arrivals import arrival_times
-from ..serving.e2e import ServingShape, clock_message, clock_resolved, e2e_latency
+from ..serving.e2e import ServingShape, check_clock, clock_resolved, e2e_latency
 from ..specs import HardwareSpec, ModelSpec, SpecError, mocap_wafer
 from ..specs.mesh import snake_placement, stage_groups
 from .arrays import unique_rows
@@ -276,15 +276,14 @@ def _outputs_impossible(r) -> dict:
 def _check_e2e_clock(out: dict, r, arrivals: np.ndarray) -> None:
     """Refuse end-to-end latencies the float clock cannot resolve (never write them)."""
     P = len(r.ids)
-    resolved, spacing = clock_resolved(arrivals[:P, -1], out["e2e_mean_s"], out["e2e_p50_s"], out["e2e_p99_s"],
-                                       arrivals.dtype)
+    resolved, _ = clock_resolved(arrivals[:P, -1], out["e2e_mean_s"], out["e2e_p50_s"], out["e2e_p99_s"],
+                                 arrivals.dtype)
     bad = np.nonzero(out["feasible"] & ~resolved)[0]
     if len(bad):
         j = int(bad[0])
         v = r.point(j)
-        raise SpecError(f"point {int(r.ids[j])}: " + clock_message(
-            v["load"], v["requests"], float(arrivals[j, -1]), float(spacing[j]), float(out["e2e_p50_s"][j]),
-            arrivals.dtype, 'dtype = "float64" in [sweep]'))
+        check_clock(f"point {int(r.ids[j])}", v["load"], v["requests"], arrivals[j, -1], out["e2e_mean_s"][j],
+                    out["e2e_p50_s"][j], out["e2e_p99_s"][j], arrivals.dtype, 'dtype = "float64" in [sweep]')
 
 
 class Evaluator:

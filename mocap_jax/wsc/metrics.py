@@ -178,5 +178,5 @@ def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]
     return out
 
 
-__all__ = ["CLOCK_RESOLUTION", "check_clock", "RequestMetrics", "request_metrics", "aggregate_metrics", "ServingResult", "infeasible_metrics",
-           "agreement"]
+__all__ = ["CLOCK_RESOLUTION", "check_clock", "RequestMetrics", "request_metrics", "aggregate_metrics",
+           "ServingResult", "infeasible_metrics", "agreement"]
