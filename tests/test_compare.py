@@ -78,3 +78,31 @@ def test_a_load_whose_clock_cannot_resolve_the_latencies_is_refused():
 
     with pytest.raises(SpecError, match=r"gpipe: load = 1e-09 .* float32 resolves time only to 512 s.*\(--dtype float64\)"):
         compare("llama3.1-8b", "mocap-2x2", 4096, load=1e-9, schemes=("gpipe",), settings=_settings(1))
+
+
+def test_float32_end_to_end_latency_agrees_with_float64_wherever_the_clock_check_admits_it():
+    """From half the saturation throughput down to loads the clock check refuses (256 Poisson
+    arrivals): every latency float32 is allowed to report is within 5e-4 of float64 (mean, median
+    and p99 end-to-end latency), and the lowest loads are refused."""
+    from mocap_jax.specs import SpecError
+
+    def settings(dtype):
+        plan = PlanSettings(chunks=4, granularity=256, chains=2, steps=2, max_batch=8)
+        return CompareSettings(chunks=4, plan=plan, max_batch=8, requests=256, with_max_seq=False, dtype=dtype)
+
+    args = ("llama3.1-8b", "mocap-2x2", 4096)
+    for scheme in ("gpipe", "terapipe"):
+        saturation = compare(*args, schemes=(scheme,), settings=settings("float64"))["schemes"][0]["throughput_rps"]
+        admitted, refused = 0, 0
+        for fraction in (0.5, 0.1, 0.03, 0.01):
+            exact = compare(*args, load=fraction * saturation, schemes=(scheme,), settings=settings("float64"))
+            try:
+                single = compare(*args, load=fraction * saturation, schemes=(scheme,), settings=settings("float32"))
+            except SpecError as e:
+                assert "too coarse for its end-to-end latencies" in str(e)
+                refused += 1
+                continue
+            admitted += 1
+            for key in ("e2e_latency_mean_s", "e2e_latency_p50_s", "e2e_latency_p99_s"):
+                assert single["schemes"][0][key] == pytest.approx(exact["schemes"][0][key], rel=5e-4), (fraction, key)
+        assert admitted >= 2 and refused >= 1, scheme

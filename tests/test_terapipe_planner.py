@@ -119,7 +119,8 @@ def brute_force(tables, B, num_stages):
     for split in integer_partitions(B):
         for choice in itertools.product(range(len(slicings)), repeat=len(split)):
             parts = [stats[b, i] for b, i in zip(split, choice)]
-            best = min(best, sum(p[0] for p in parts) + (num_stages - 1) * max(p[1] for p in parts))
+            stretch = (num_stages - 1) * max(p[1] for p in parts) if num_stages > 1 else 0.0   # 0 x inf is NaN
+            best = min(best, sum(p[0] for p in parts) + stretch)
     return best
 
 
@@ -132,6 +133,39 @@ def test_equals_plain_python_port_of_the_original(seed):
     assert plan.objective == original_planner(tables[:B], N)
     assert tp.latency_model(tables, plan.groups, plan.slicings, N, 1) == pytest.approx(plan.objective, rel=1e-12)
     assert sum(plan.groups) == B and all(s.sum() == U for s in plan.slicings)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_search_for_several_batches_equals_each_batch_alone(seed):
+    """Plans from a shared search equal each batch's own plan: the same groups, slicings, cap and
+    objective (dyadic tables tie often, so the tie rule is exercised), and the brute-force optimum."""
+    rng = np.random.default_rng(200 + seed)
+    U, N = int(rng.choice([4, 5])), int(rng.integers(1, 9))
+    tables = random_tables(rng, U, dyadic=seed % 2 == 0)
+    batches = rng.permutation(np.arange(1, ROWS + 1))[: int(rng.integers(2, ROWS + 1))]
+    caps = int(rng.choice([2, 3, 64]))
+    shared = tp.plan_batches(tables, batches, N, 1, batch_caps=caps)
+    for batch, plan in zip(batches, shared):
+        alone = tp.plan_tables(tables, int(batch), N, 1, batch_caps=caps)
+        assert (plan.groups, plan.cap, plan.objective) == (alone.groups, alone.cap, alone.objective)
+        assert all(np.array_equal(a, b) for a, b in zip(plan.slicings, alone.slicings))
+        assert plan.objective == original_planner(tables[:batch], N)
+        if seed % 2 == 0:
+            assert plan.objective == brute_force(tables, int(batch), N)
+        assert tp.latency_model(tables, plan.groups, plan.slicings, N, 1) == pytest.approx(plan.objective, rel=1e-12)
+
+
+def test_the_smallest_cap_wins_a_tie():
+    """One stage: the objective is the least total, reached from some cap on; the plan is built at
+    the smallest such cap, however many caps a round evaluates."""
+    rng = np.random.default_rng(7)
+    tables = random_tables(rng, 5, dyadic=True)
+    caps = np.unique(tables[:2][np.isfinite(tables[:2])])
+    plans = [tp.plan_tables(tables, 2, 1, 1, batch_caps=k) for k in (2, 5, 64)]
+    best = plans[0].objective
+    smallest = min(c for c in caps if brute_force(np.where(tables <= c, tables, np.inf), 2, 1) == best)
+    assert smallest < caps[-1]              # a tie the search must break
+    assert all(p.cap == smallest and p.objective == best for p in plans)
 
 
 def test_equals_port_on_model_tables():
@@ -232,7 +266,7 @@ def test_bad_input_gives_one_value_error(kw, match):
 def test_batches_in_one_bucket_share_one_program(monkeypatch):
     tables, n = model_tables("llama3.1-8b", "mocap-2x4", 16, 512, 8)
     chex.clear_trace_counter()
-    traced = jax.jit(jax.vmap(chex.assert_max_traces(tp._plan_at, n=1), in_axes=(None, 0, None)))
+    traced = jax.jit(jax.vmap(chex.assert_max_traces(tp._plan_at, n=1), in_axes=(None, 0)))
     monkeypatch.setattr(tp, "_plans", traced)
     for batch in (5, 6, 7, 8):
         padded = np.where(np.arange(8)[:, None, None] < batch, tables, np.inf)

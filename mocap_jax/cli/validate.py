@@ -20,14 +20,13 @@ simulator side by side (:mod:`mocap_jax.bench.peer`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from typing import Any
 
 import numpy as np
 
-from .common import check_figure_file, seed
+from .common import check_figure_file, non_negative_int, positive_int, seed
 
 _LABELS = {
     "finish_times": "finish times (every item, stage)",
@@ -41,19 +40,6 @@ _LABELS = {
 }
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {v}")
-        return v
-
-    return parse
-
-
 def register(subparsers, bench_subparsers) -> None:
     """Add ``validate`` to the top-level commands and ``reference`` to ``bench``."""
     p = subparsers.add_parser(
@@ -63,11 +49,11 @@ def register(subparsers, bench_subparsers) -> None:
                     "and max error of the array program's MBKR against the reference over configurations near "
                     "the memory limit (targets: mean <= 1%%, max <= 5%%); then the calibration MAPE of the cost "
                     "model. Exit code 1 if the exact agreement misses 1e-9 (float64) / 1e-4 (float32).")
-    p.add_argument("--configs", type=_count(1), default=200, help="random configurations to compare (default 200)")
+    p.add_argument("--configs", type=positive_int, default=200, help="random configurations to compare (default 200)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the configuration generators (default 0)")
-    p.add_argument("--mbkr-configs", type=_count(0), default=1000,
+    p.add_argument("--mbkr-configs", type=non_negative_int, default=1000,
                    help="MBKR configurations near the memory limit (default 1000; 0 skips the MBKR check)")
-    p.add_argument("--mbkr-programs", type=_count(1), default=12,
+    p.add_argument("--mbkr-programs", type=positive_int, default=12,
                    help="compiled MBKR programs the MBKR configurations share (default 12)")
     p.add_argument("--no-calibration", action="store_true", help="skip the calibration check")
     p.add_argument("--profiles", metavar="DIR", default=None,
@@ -88,12 +74,12 @@ def register(subparsers, bench_subparsers) -> None:
         description="Time random TeraPipe configurations of one model and mesh (random partitions, batches and "
                     "sequence lengths) through one simulate_batch call (median of --repeats calls after a "
                     "warm-up call that compiles) and through the event-driven reference.")
-    b.add_argument("--configs", type=_count(1), default=1000, help="configurations (default 1000)")
+    b.add_argument("--configs", type=positive_int, default=1000, help="configurations (default 1000)")
     b.add_argument("--model", default="llama3-70b", help="model preset (default llama3-70b)")
     b.add_argument("--hardware", default="mocap-4x4", help="mesh preset (default mocap-4x4)")
-    b.add_argument("--chunks", type=_count(1), default=16, help="chunks per request (default 16)")
+    b.add_argument("--chunks", type=positive_int, default=16, help="chunks per request (default 16)")
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="vectorised precision")
-    b.add_argument("--repeats", type=_count(1), default=5, help="timed vectorised calls (default 5)")
+    b.add_argument("--repeats", type=positive_int, default=5, help="timed vectorised calls (default 5)")
     b.add_argument("--seed", type=seed, default=0, help="seed (default 0)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench_reference)

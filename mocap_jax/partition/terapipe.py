@@ -28,19 +28,25 @@ most its total and T* at most its T; and the plan built at any cap c has ``T <= 
 so the plan built at the minimising cap attains T*.  The search skips a cap only on a proof that
 it cannot win: ``G_c[B]`` does not increase with c (in floating point too, since rounding is
 monotone), so a cap c below an evaluated cap c' has objective at least ``G_c'[B] + (N - 1) c``;
-caps whose bound is no better than the best objective found are dropped (in particular every cap
+caps whose bound is worse than the best objective found are dropped (in particular every cap
 below an infeasible one).  Each round evaluates up to ``batch_caps`` of the remaining caps, spread
 evenly over them, as one vmapped program over caps and group sizes, until none remains.  Ties
-between plans of equal objective go to the first minimum (the smallest last group, the last slice
-that starts earliest).
+between plans of equal objective go to the smallest cap, then to the first minimum of the
+recurrences (the smallest last group, the last slice that starts earliest), so a plan depends on
+its tables and batch alone.
+
+Several batches, one search.  A cap's recurrences give ``G_c[a]`` for every a at once, so a batch
+search (the largest batch whose plan fits) plans all its candidates in one search over caps
+(:func:`plan_batches`): a cap stays open while it may still win for one of them, and each batch
+considers only the caps its own tables hold.  Each plan equals the plan of its batch alone.
 
 Against the original implementation: the same two recurrences and the same optimum, bit for bit on
 the same tables (its objective uses the largest slice on the chosen path, which at the optimum is
 the cap); it also skips caps within 1e-5 s of the previous one tried, a shortcut that can miss the
 optimum and is not taken here.
 
-Group sizes are padded to a power of two (tables of padded sizes are ``inf``, and the batch is a
-traced number), so batches in one bucket share one compiled program.
+Group sizes are padded to a power of two (tables of padded sizes are ``inf``, and the batch is read
+only on the host), so batches in one bucket share one compiled program.
 """
 
 from __future__ import annotations
@@ -126,87 +132,126 @@ def cost_tables(model: ModelParams, hw: HardwareParams, layout: StageLayout, uni
     return np.asarray(_tables_jit(model, hw, layout, units, granularity, np.int32(batch), sizes, n_pad))
 
 
-def _group_split(sums, batch):
-    """``G[batch]`` and backpointers ``back[B_pad]`` (``back[a - 1]``: size of the last group of the
-    best split of a requests), from ``sums[B_pad]`` = ``F[b, U]`` for b = 1..B_pad."""
+def _group_split(sums):
+    """``G[0..B_pad]`` and backpointers ``back[B_pad]`` (``back[a - 1]``: size of the last group of the
+    best split of a requests), from ``sums[B_pad]`` = ``F[b, U]`` for b = 1..B_pad.  ``G[a]`` reads
+    only group sizes up to a, so one split serves every batch."""
     sizes = jnp.arange(1, sums.shape[0] + 1)
 
     def step(G, a):
         cand = jnp.where(sizes <= a, G[jnp.maximum(a - sizes, 0)] + sums, jnp.inf)
         return G.at[a].set(jnp.min(cand)), sizes[jnp.argmin(cand)]
 
-    G, back = jax.lax.scan(step, jnp.full(sums.shape[0] + 1, jnp.inf, sums.dtype).at[0].set(0.0), sizes)
-    return G[batch], back
+    return jax.lax.scan(step, jnp.full(sums.shape[0] + 1, jnp.inf, sums.dtype).at[0].set(0.0), sizes)
 
 
-def _plan_at(tables, cap, batch):
-    """Least total time ``G_cap[batch]`` with the backpointers of the slicings and of the split."""
+def _plan_at(tables, cap):
+    """Least total times ``G_cap[0..B_pad]`` with the backpointers of the slicings and of the split."""
     sums, slicing_back = jax.vmap(free_slicing_dp, in_axes=(0, None))(tables, cap)
-    total, group_back = _group_split(sums, batch)
-    return total, slicing_back, group_back
+    totals, group_back = _group_split(sums)
+    return totals, slicing_back, group_back
 
 
-_plans = jax.jit(jax.vmap(_plan_at, in_axes=(None, 0, None)))
+_plans = jax.jit(jax.vmap(_plan_at, in_axes=(None, 0)))
 _evaluate_jit = jax.jit(evaluate, static_argnums=1)
-""":func:`_plan_at` for a batch of caps ``[P]`` (tables ``[B_pad, U + 1, U + 1]``, batch traced):
-``G_c[batch] [P]``, slicing backpointers ``[P, B_pad, U + 1]``, split backpointers ``[P, B_pad]``."""
+""":func:`_plan_at` for a batch of caps ``[P]`` (tables ``[B_pad, U + 1, U + 1]``): ``G_c [P, B_pad + 1]``,
+slicing backpointers ``[P, B_pad, U + 1]``, split backpointers ``[P, B_pad]``."""
 
 
-def _search_caps(tables: np.ndarray, num_stages: int, batch: int, batch_caps: int):
-    """The minimising cap, its objective, the caps evaluated and the cap's backpointers (slicings, split)."""
+class _Winner(NamedTuple):
+    """The best cap found for one batch: its index among the caps, objective and backpointers."""
+
+    index: int
+    objective: float
+    slicing_back: np.ndarray | None
+    group_back: np.ndarray | None
+
+
+def _search_caps(tables: np.ndarray, num_stages: int, batches: np.ndarray, batch_caps: int):
+    """The minimising cap of every batch (the smallest cap among equal objectives), the caps and the
+    number of caps evaluated.  Every evaluated cap serves every batch; a cap stays open while it
+    may still win for some batch whose tables hold it."""
     dtype = tables.dtype
-    caps = np.unique(tables[:batch][np.isfinite(tables[:batch])])
+    flat = tables[: int(batches.max())].reshape(-1)
+    finite = np.flatnonzero(np.isfinite(flat))
+    caps, first = np.unique(flat[finite], return_index=True)
+    # a cap is a candidate of batch B when a group size up to B holds it
+    first_size = finite[first] // (tables.shape[1] * tables.shape[2]) + 1
+    del flat, finite, first
     stretch = caps * dtype.type(num_stages - 1)          # (N - 1) c, rounded as in the objective
-    total = np.full(caps.shape, np.nan, dtype)           # G_c[B] of evaluated caps
+    winners = [_Winner(-1, np.inf, None, None) for _ in batches]
+    done, done_totals = np.empty(0, np.int64), np.empty((0, len(batches)), dtype)   # evaluated caps, G_c[B]
     open_ = np.ones(caps.shape, bool)
-    device_tables, device_batch = jnp.asarray(tables), jnp.asarray(batch, jnp.int32)
-    best, best_i, evaluated, back = np.inf, -1, 0, None
+    device_tables, evaluated = jnp.asarray(tables), 0
     while open_.any():
         remaining = np.flatnonzero(open_)
         # spread over the remaining caps; the first round includes the largest (every plan feasible)
         pick = remaining[np.unique(np.linspace(0, len(remaining) - 1, min(batch_caps, len(remaining))).round()
                                    .astype(np.int64))]
         probe = np.concatenate([caps[pick], np.full(batch_caps - len(pick), caps[pick[-1]], dtype)])
-        totals, slicing_back, group_back = _plans(device_tables, jnp.asarray(probe), device_batch)
-        total[pick] = np.asarray(totals)[: len(pick)]
+        totals, slicing_back, group_back = _plans(device_tables, jnp.asarray(probe))
+        totals = np.asarray(totals)[: len(pick)][:, batches]
         open_[pick] = False
         evaluated += len(pick)
-        objective = total[pick] + stretch[pick]
-        j = int(np.argmin(objective))
-        if objective[j] < best:
-            best, best_i = objective[j], int(pick[j])
-            back = np.asarray(slicing_back)[j], np.asarray(group_back)[j]
+        for j, batch in enumerate(batches):
+            objective = np.where(first_size[pick] <= batch, totals[:, j] + stretch[pick], np.inf)
+            k = int(np.argmin(objective))                 # pick ascends: the smallest cap of the minimum
+            w = winners[j]
+            if objective[k] < w.objective or (objective[k] == w.objective and pick[k] < w.index):
+                winners[j] = _Winner(int(pick[k]), objective[k], np.asarray(slicing_back[k]),
+                                     np.asarray(group_back[k]))
+        order = np.argsort(np.concatenate([done, pick]))
+        done, done_totals = np.concatenate([done, pick])[order], np.concatenate([done_totals, totals])[order]
         remaining = np.flatnonzero(open_)
-        done = np.flatnonzero(~np.isnan(total))
-        above = done[np.searchsorted(done, remaining)]   # the next evaluated cap above each remaining one
-        open_[remaining[~(total[above] + stretch[remaining] < best)]] = False
-    if not np.isfinite(best):
+        above = np.searchsorted(done, remaining)          # the next evaluated cap above each remaining one
+        could = np.zeros(remaining.shape, bool)
+        for j, batch in enumerate(batches):
+            # G_c[B] does not increase with c: the cap above bounds every cap below it
+            bound, w = done_totals[above, j] + stretch[remaining], winners[j]
+            could |= (first_size[remaining] <= batch) & ((bound < w.objective)
+                                                         | ((bound == w.objective) & (remaining < w.index)))
+        open_[remaining[~could]] = False
+    if not all(np.isfinite(w.objective) for w in winners):
         raise ValueError("no TeraPipe plan exists on these cost tables: every group size needs a finite "
                          "slice covering the whole sequence")
-    return caps[best_i], best, evaluated, back
+    return winners, caps, evaluated
 
 
-def plan_tables(tables, batch: int, num_stages: int, granularity: int, batch_caps: int = 64) -> TeraPipePlan:
-    """TeraPipe's optimal plan of ``batch`` requests on cost tables ``[B_pad, U + 1, U + 1]``
-    (``tables[b - 1]`` for groups of b requests, seconds; rows beyond ``batch`` are not read)."""
+def plan_batches(tables, batches, num_stages: int, granularity: int, batch_caps: int = 64) -> list[TeraPipePlan]:
+    """TeraPipe's optimal plan of each of ``batches`` (request counts) on cost tables
+    ``[B_pad, U + 1, U + 1]`` (``tables[b - 1]`` for groups of b requests, seconds; rows beyond a
+    batch are not read by its plan), found by one search over caps: every plan equals the plan of
+    its batch searched alone, and ``caps_evaluated`` counts the caps of the shared search."""
     tables = np.asarray(tables)
     if tables.ndim != 3 or tables.shape[1] != tables.shape[2] or tables.shape[1] < 2:
         raise ValueError(f"cost tables must have shape [group sizes, U + 1, U + 1] with U >= 1, got {tables.shape}")
     if np.isnan(tables).any():
         raise ValueError("cost tables hold NaN; every entry must be a time in seconds or inf (no such slice)")
-    batch = integer("batch", batch)
-    if batch > tables.shape[0]:
-        raise ValueError(f"batch {batch} needs cost tables of group sizes 1..{batch}, got {tables.shape[0]}")
+    batches = np.array([integer("batch", b) for b in np.atleast_1d(batches)], np.int64)
+    if batches.size == 0:
+        raise ValueError("batches is empty; pass at least one request count")
+    if batches.max() > tables.shape[0]:
+        raise ValueError(f"batch {batches.max()} needs cost tables of group sizes 1..{batches.max()}, "
+                         f"got {tables.shape[0]}")
     # two or more caps per round, so the first round includes the largest cap
     integer("batch_caps", batch_caps, 2)
-    cap, best, evaluated, (slicing_back, group_back) = _search_caps(tables, num_stages, batch, batch_caps)
-    groups, a = [], batch
-    while a > 0:
-        groups.append(int(group_back[a - 1]))
-        a -= groups[-1]
-    groups = tuple(groups[::-1])
-    slicings = tuple(slicing_from_back(slicing_back[b - 1], granularity) for b in groups)
-    return TeraPipePlan(groups, slicings, float(best), float(cap), evaluated)
+    winners, caps, evaluated = _search_caps(tables, num_stages, batches, batch_caps)
+    plans = []
+    for batch, w in zip(batches, winners):
+        groups, a = [], int(batch)
+        while a > 0:
+            groups.append(int(w.group_back[a - 1]))
+            a -= groups[-1]
+        groups = tuple(groups[::-1])
+        slicings = tuple(slicing_from_back(w.slicing_back[b - 1], granularity) for b in groups)
+        plans.append(TeraPipePlan(groups, slicings, float(w.objective), float(caps[w.index]), evaluated))
+    return plans
+
+
+def plan_tables(tables, batch: int, num_stages: int, granularity: int, batch_caps: int = 64) -> TeraPipePlan:
+    """TeraPipe's optimal plan of ``batch`` requests on cost tables ``[B_pad, U + 1, U + 1]``
+    (:func:`plan_batches` of one batch)."""
+    return plan_batches(tables, [batch], num_stages, granularity, batch_caps)[0]
 
 
 def latency_model(tables, groups, slicings, num_stages: int, granularity: int) -> float:

@@ -35,7 +35,7 @@ from ..api.search import largest_feasible_batch, largest_true, max_feasible_seq_
 from ..api.simulate import run
 from ..partition.dp import check_granularity
 from ..partition.plan import PlanSettings, plan_partition
-from ..partition.terapipe import TABLE_BATCH, check_table_size, cost_setting, plan_tables, terapipe_items
+from ..partition.terapipe import TABLE_BATCH, check_table_size, cost_setting, plan_batches, terapipe_items
 from ..prefill.points import MBKRSettings
 from ..schedule.shape import bucket
 from ..serving.arrivals import ARRIVALS, arrival_times
@@ -185,15 +185,14 @@ def _plan_terapipe(model, hardware, S: int, st: CompareSettings) -> SchemePlan:
     setting = cost_setting(cfg.model, cfg.hardware, S, upper, g, cfg.stages, cfg.dtype, cfg.placement)
     plans: dict = {}
 
-    def plan_at(b):
-        if b not in plans:
-            plans[b] = plan_tables(setting.tables, int(b), setting.stages, g)
-        return plans[b]
-
     def fits(batches):
+        # one search over caps plans every candidate of the round
+        new = [int(b) for b in batches if int(b) not in plans]
+        if new:
+            plans.update(zip(new, plan_batches(setting.tables, new, setting.stages, g)))
         out = []
         for b in batches:
-            plan = plan_at(int(b))
+            plan = plans[int(b)]
             k = bucket(sum(len(x) for x in plan.slicings))
             out.append(_fits_with_items(cfg.with_batch(int(b)), terapipe_items(plan, k), k))
         return np.array(out)
@@ -201,7 +200,7 @@ def _plan_terapipe(model, hardware, S: int, st: CompareSettings) -> SchemePlan:
     B = largest_true(lambda c: fits(np.unique(c))[np.searchsorted(np.unique(c), c)], 1, upper, grid=8)
     if B <= 0:
         return SchemePlan("terapipe-dp", None, None, cfg.partition, {"batch": 0})
-    plan = plan_at(B)
+    plan = plans[B]
     k = bucket(sum(len(x) for x in plan.slicings))
     largest = int(np.argmax(plan.groups))
     chose = {"groups": [int(x) for x in plan.groups], "slices": [len(x) for x in plan.slicings], "batch": B,
