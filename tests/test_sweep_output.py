@@ -15,6 +15,7 @@ import pytest
 
 from mocap_jax import sweep
 from mocap_jax.cli import main
+from mocap_jax.sweep.layout import layout
 from sweep_texts import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,17 @@ def test_out_paths_refused_before_any_work(tmp_path, capsys, monkeypatch):
     assert "not from a run of this sweep" in capsys.readouterr().err
     assert main(["sweep", str(p), "--out", str(tmp_path / "x.csv"), "--format", "parquet", "--quiet"]) == 2
     assert "ends in .csv but the format is parquet" in capsys.readouterr().err
+    # another format's extension names a results file we do not write, not a new directory; an existing
+    # directory of that name is still a directory
+    for name in ("results.json", "results.TSV", "results.pq"):
+        assert main(["sweep", str(p), "--out", str(tmp_path / name), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        stem = name.split(".")[0]
+        assert f"name a results file {stem}.csv or {stem}.parquet" in err and err.count("\n") == 1, err
+        assert not (tmp_path / name).exists()
+    kept = tmp_path / "kept.json"
+    kept.mkdir()
+    assert layout(kept, "small").results == kept / "results.csv"
 
 
 def test_unwritable_out_refused(tmp_path, capsys):

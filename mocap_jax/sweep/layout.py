@@ -2,7 +2,9 @@
 
 ``out`` is either a directory (``OUT/results.csv`` or ``OUT/results.parquet``, ``OUT/manifest.json``,
 ``OUT/parts/``) or a results file ending in ``.csv`` or ``.parquet``, whose manifest and parts then
-live in the directory ``OUT.sweep`` beside it.  Before anything is computed, :func:`check` refuses,
+live in the directory ``OUT.sweep`` beside it.  An ``out`` that does not exist yet and ends in
+another data format's extension (``.json``, ``.tsv``, ``.xlsx``, ...) is refused rather than made a
+directory of that name.  Before anything is computed, :func:`check` refuses,
 with one line: an ``out`` that is a file (or lies under one), a location that cannot be written,
 a non-empty directory that is not an earlier run of the same sweep, and a run whose files would not
 fit the free disk space.
@@ -25,6 +27,11 @@ PART = re.compile(r"^b(\d{3,})-(\d{6,})-[0-9a-f]{12}\.(csv|parquet)$")
 #: bytes a row takes on disk, an upper bound: million.toml's CSV rows average 405 B; Parquet's
 #: typed, dictionary-encoded and compressed columns take a fraction of that
 ROW_BYTES = {"csv": 512, "parquet": 256}
+#: extensions of data formats the results are not written in: a new ``out`` ending in one names a
+#: results file in a format we do not write, not a directory (a directory so named would surprise)
+OTHER_FORMATS = (".json", ".jsonl", ".ndjson", ".tsv", ".txt", ".xlsx", ".xls", ".ods", ".pq", ".parq", ".feather",
+                 ".arrow", ".ipc", ".orc", ".avro", ".h5", ".hdf5", ".npy", ".npz", ".pkl", ".pickle", ".db",
+                 ".sqlite")
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ def layout(out, name: str, fmt: str | None = None) -> Layout:
         if fmt not in (None, suffix[1:]):
             raise SpecError(f"--out {out} ends in {suffix} but the format is {fmt}; use one or the other")
         return Layout(work=out.with_name(out.name + ".sweep"), results=out, format=suffix[1:])
+    if suffix in OTHER_FORMATS and not os.path.lexists(out):
+        raise SpecError(f"--out {out}: results are written as .csv or .parquet, not {suffix}; name a results file "
+                        f"{out.stem}.csv or {out.stem}.parquet, or a directory")
     fmt = fmt or "csv"
     return Layout(work=out, results=out / f"results{FORMATS[fmt]}", format=fmt)
 
