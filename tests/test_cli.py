@@ -206,9 +206,51 @@ def test_compile_cache_is_filled_once_and_reused_by_a_later_process(tmp_path):
     assert first.returncode == 0 and entries
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and second.stdout == first.stdout
+    # on hosts where XLA raises its false alarm for every program it loads, none reaches the user
+    assert "cpu_aot_loader" not in second.stderr, second.stderr[:500]
     assert sorted(p.name for p in cache.glob("*-cache")) == entries
     blocked = tmp_path / "file"
     blocked.write_text("")
     bad = subprocess.run([sys.executable, "-m", "mocap_jax", "--compile-cache", str(blocked / "xla"), "models"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--compile-cache" in bad.stderr and "Traceback" not in bad.stderr
+
+
+NOISE = ("E1204 14:09:15.560389    7106 cpu_aot_loader.cc:195] Loading XLA:CPU AOT result. Target machine feature "
+         "+prefer-no-{} is not  supported on the host machine. Machine type used for XLA:CPU compilation doesn't "
+         "match the machine type for execution. Compile machine features: [+64bit,+avx512f] vs host machine "
+         "features: [64bit,avx512f]. This could lead to execution errors such as SIGILL.\n")
+
+
+def test_stderr_filter_drops_exactly_the_false_alarm_in_pieces_of_any_size():
+    from mocap_jax.cli.stderr_filter import LineFilter
+
+    missing = NOISE.format("gather").replace("+prefer-no-gather", "+avx512fp16")   # a real mismatch: kept
+    text = ("E1204 a log line of another kind\n" + NOISE.format("gather") + "sweep:  50%|#####     | 1/2\r"
+            + NOISE.format("scatter") + missing + "sweep: 100%|##########| 2/2\n" + "Error at the end, no newline")
+    expect = "E1204 a log line of another kind\n" + "sweep:  50%|#####     | 1/2\r" + missing \
+        + "sweep: 100%|##########| 2/2\n" + "Error at the end, no newline"
+    data = text.encode()
+    for size in (1, 7, 64, 1000, len(data)):
+        lines = LineFilter()
+        got = b"".join(lines.feed(data[i:i + size]) for i in range(0, len(data), size)) + lines.close()
+        assert got.decode() == expect, size
+    # a progress bar's unfinished line goes out at once; an unfinished log line waits for its end
+    lines = LineFilter()
+    assert lines.feed(b"sweep:  10%|#") == b"sweep:  10%|#"
+    assert lines.feed(b"\rE1204 14:09:15.5603") == b"\r"
+    assert lines.feed(NOISE.format("gather")[19:].encode()) == b""
+
+
+def test_stderr_filter_installed_in_a_process_filters_its_file_descriptor_2():
+    """What XLA's C++ log writes to descriptor 2 is filtered; Python's own stderr passes, in order, and
+    everything arrives before the process has exited."""
+    script = ("import os, sys\n"
+              "from mocap_jax.cli.stderr_filter import install\n"
+              "assert install()\n"
+              "print('before', file=sys.stderr, flush=True)\n"
+              f"os.write(2, {NOISE.format('gather').encode()!r})\n"
+              "os.write(2, b'kept\\n')\n"
+              "print('after', file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "before\nkept\nafter\n", p.stderr

@@ -139,11 +139,20 @@ def test_annealing_is_deterministic_and_independent_of_the_device_split():
     np.testing.assert_array_equal(a.chain_best, b.chain_best)
     np.testing.assert_array_equal(a.chain_best, c.chain_best)
     assert a.accept_rate == b.accept_rate == c.accept_rate
+    # progress is reported as the steps start and complete, ends at every step, and changes nothing
+    reports = []
+    d = anneal(problem, ctx, x0, 3, steps=40, devices=1, progress=lambda done, total: reports.append((done, total)))
+    np.testing.assert_array_equal(a.chain_best, d.chain_best)
+    assert reports == [(0, 40), (8, 40), (16, 40), (24, 40), (32, 40), (40, 40)]
 
 
 def test_plan_is_never_worse_than_its_starts_and_searches_the_chunk_count():
     s = PlanSettings(chunks=None, chunk_counts=(2, 4), granularity=4096, chains=16, steps=30, seed=3)
-    r = plan_partition("llama3.1-8b", "mocap-2x2", 65536, "mocap", settings=s)
+    reports = []
+    r = plan_partition("llama3.1-8b", "mocap-2x2", 65536, "mocap", settings=s,
+                       progress=lambda done, total: reports.append((done, total)))
+    # one count over both chunk counts' annealing, in order
+    assert reports == [(0, 60), (8, 60), (16, 60), (24, 60), (30, 60), (30, 60), (38, 60), (46, 60), (54, 60), (60, 60)]
     assert r["chose"]["chunks"] and {p["chunks"] for p in r["per_chunks"]} == {2, 4}
     for p in r["per_chunks"]:
         assert p["objective_s"] <= min(p["uniform"]["objective_s"], p["dp"]["objective_s"]) * (1 + 1e-6)

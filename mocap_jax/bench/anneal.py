@@ -16,9 +16,11 @@ from ..specs import LIMITS, checks
 
 
 def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks=16, granularity=256, chains=1024,
-                 steps=2000, num_batches=1, max_batch=256, seed=1) -> dict:
+                 steps=2000, num_batches=1, max_batch=256, seed=1, progress=None) -> dict:
     """Wall time of annealing ``chains`` x ``steps`` with MOCAP's objective (prefill seconds per request at each
     candidate's own largest batch B', MBKR with cross-half pairs, one batch), compile and placement search included.
+
+    ``progress``: optional callable given ``(steps taken, steps)`` (:func:`mocap_jax.search.anneal.anneal`).
 
     Returns a dict with ``total_s`` and its parts, ``steps_per_s`` (chain-steps per second of the step loop), and the
     uniform and best objectives.
@@ -41,7 +43,7 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     start = anneal(problem, ctx, init, seed, steps=0)                  # compiles the step program
     compile_s = time.perf_counter() - t1
     t2 = time.perf_counter()
-    res = anneal(problem, ctx, init, seed, steps=steps)
+    res = anneal(problem, ctx, init, seed, steps=steps, progress=progress)
     anneal_s = time.perf_counter() - t2
     return {"benchmark": "anneal", "model": model, "hardware": hardware, "seq_len": seq_len, "chunks": chunks,
             "granularity": granularity, "chains": chains, "steps": steps, "num_batches": num_batches,

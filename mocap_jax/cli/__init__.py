@@ -67,17 +67,24 @@ def _use_all_cpu_cores() -> None:
 
 def _use_compile_cache(args) -> None:
     """The persistent compilation cache (``mocap_jax.api.compile_cache``), set before anything is
-    compiled: on for every command, except benchmarks unless ``--compile-cache`` names a folder."""
+    compiled: on for every command, except benchmarks unless ``--compile-cache`` names a folder.
+    Where it is on, XLA's false alarms about the programs it loads are dropped from stderr
+    (:mod:`mocap_jax.cli.stderr_filter`)."""
     from ..api.compile_cache import cache_dir_of, disable_compilation_cache, enable_compilation_cache
+    from .stderr_filter import install
 
     choice = args.compile_cache
     if choice is not None:
-        if enable_compilation_cache(choice) is None and cache_dir_of(choice) is not None:
+        folder = enable_compilation_cache(choice)
+        if folder is None and cache_dir_of(choice) is not None:
             raise ValueError(f"--compile-cache {choice}: cannot create that folder; name a writable one or 'off'")
     elif args.command == "bench":
+        folder = None
         disable_compilation_cache()
     else:
-        enable_compilation_cache()
+        folder = enable_compilation_cache()
+    if folder is not None:
+        install()
 
 
 def _use_dtype(args) -> None:

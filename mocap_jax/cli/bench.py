@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import dumps, positive_int, seed
+from .common import dumps, positive_int, progress_bar, seed
 
 
 def cmd_bench_pipeline(args) -> int:
@@ -25,8 +25,9 @@ def cmd_bench_pipeline(args) -> int:
 def cmd_bench_anneal(args) -> int:
     from ..bench.anneal import bench_anneal
 
-    r = bench_anneal(args.model, args.hardware, args.seq_len, args.chunks, args.granularity, args.chains, args.steps,
-                     args.num_batches, args.max_batch, args.seed)
+    with progress_bar(f"annealing {args.chains} chains", "step", args.quiet) as advance:
+        r = bench_anneal(args.model, args.hardware, args.seq_len, args.chunks, args.granularity, args.chains,
+                         args.steps, args.num_batches, args.max_batch, args.seed, progress=advance)
     if args.json:
         print(dumps(r))
         return 0
@@ -66,5 +67,6 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--num-batches", type=positive_int, default=1)
     p.add_argument("--max-batch", type=positive_int, default=256)
     p.add_argument("--seed", type=seed, default=1)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_anneal)

@@ -4,6 +4,7 @@ checks and the one table formatter."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -193,3 +194,27 @@ def progress(message: str, quiet: bool = False) -> None:
     """One line of progress on stderr (long commands)."""
     if not quiet:
         print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, unit: str, quiet: bool = False):
+    """A progress bar on stderr for the duration of the block; yields a callable taking ``(done, total)``
+    (or None when ``quiet``).  The bar appears at the first report, so input refused before the work
+    starts gets its one line of error alone."""
+    if quiet:
+        yield None
+        return
+    bars = []
+
+    def advance(done: int, total: int) -> None:
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(tqdm(total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        yield advance
+    finally:
+        for bar in bars:
+            bar.close()

@@ -8,7 +8,8 @@ from ..partition.plan import PARTITIONED, PlanSettings, plan_partition
 from ..prefill.points import MBKRSettings
 from ..serving.arrivals import ARRIVALS
 from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, compare
-from .common import add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, seed, table
+from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, progress_bar,
+                     seed, table)
 
 
 def _add_common(p):
@@ -79,10 +80,11 @@ def cmd_compare(args) -> int:
 
 def cmd_partition(args) -> int:
     load = args.load
-    res = plan_partition(args.model, args.hardware, args.seq_len, args.scheme, settings=plan_settings(args),
-                         batch=args.batch, load=load, release=args.release, admission=args.admission,
-                         num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)), dtype=args.dtype,
-                         tp=args.tp)
+    with progress_bar(f"{args.scheme} annealing", "step", args.quiet) as advance:
+        res = plan_partition(args.model, args.hardware, args.seq_len, args.scheme, settings=plan_settings(args),
+                             batch=args.batch, load=load, release=args.release, admission=args.admission,
+                             num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)), dtype=args.dtype,
+                             tp=args.tp, progress=advance)
     if args.json:
         print(dumps(res))
         return 0
@@ -115,4 +117,5 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--scheme", default="mocap", choices=PARTITIONED)
     p.add_argument("--batch", type=batch_arg, default="auto", help="requests per batch, or 'auto' (each candidate's B')")
     p.add_argument("--load", type=number, default=None, help="request rate for --objective e2e")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_partition)

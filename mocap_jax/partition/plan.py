@@ -75,8 +75,9 @@ def _uniform_units(U: int, M: int) -> np.ndarray:
     return base + (np.arange(M) < extra).astype(np.int64)
 
 
-def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_mbkr: bool) -> dict:
-    """Uniform, DP and annealed partitions of one chunk count, with objectives and B'."""
+def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_mbkr: bool, progress=None) -> dict:
+    """Uniform, DP and annealed partitions of one chunk count, with objectives and B' (``progress``: as
+    :func:`mocap_jax.search.anneal.anneal`'s)."""
     g = settings.granularity
     U = cfg.seq_len // g
     uni = _uniform_units(U, M)
@@ -96,7 +97,7 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
     dp_units = dp.partition // g
     init = np.stack([dp_units if c % 2 == 0 else uni for c in range(settings.chains)])
     t0 = time.perf_counter()
-    res = anneal(problem, ctx, init, settings.seed, steps=settings.steps)
+    res = anneal(problem, ctx, init, settings.seed, steps=settings.steps, progress=progress)
     wall = time.perf_counter() - t0
     starts = np.stack([uni, dp_units, res.x])
     # scored by the search's own compiled program: as many rows as it has chains
@@ -119,13 +120,15 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
 def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, settings: PlanSettings | None = None,
                    batch: int | str = "auto", load: float | None = None, release: str = "stage",
                    admission: str = "streaming", num_batches: int = 2, requests: int = DEFAULT_REQUESTS,
-                   mbkr: MBKRSettings | None = None, placement=None, dtype="float32", tp: int = 1) -> dict:
+                   mbkr: MBKRSettings | None = None, placement=None, dtype="float32", tp: int = 1,
+                   progress=None) -> dict:
     """Chunk sizes for ``lbcp`` / ``mocap``: per chunk count the uniform, DP and annealed partitions.
 
     ``batch="auto"`` scores every candidate at its own B'; an int fixes the batch; ``tp`` dies per
     stage group (as in :func:`mocap_jax.simulate`).  Returns a dict
     with ``per_chunks`` (one entry per chunk count tried), the winner's ``chunks``, ``partition``,
-    ``batch``, ``objective_s``, and what the scheme was allowed to choose.
+    ``batch``, ``objective_s``, and what the scheme was allowed to choose.  ``progress``: optional
+    callable given ``(annealing steps taken, steps)`` over all the chunk counts.
     """
     settings = settings or PlanSettings()
     mbkr = mbkr or MBKRSettings()
@@ -148,7 +151,11 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
                   pairing=checks.choice("pairing", mbkr.pairing, PAIRINGS), p1=mbkr.p1, p2=mbkr.p2,
                   read_overlap=mbkr.read_overlap, spill=mbkr.spill, tp=tp)
     check_dtype(dtype)
-    per = [plan_chunk_count(cfg, M, settings, batch, arrivals, use_mbkr) for M in counts]
+    total = settings.steps * len(counts)
+    per = [plan_chunk_count(cfg, M, settings, batch, arrivals, use_mbkr,
+                            None if progress is None else
+                            (lambda done, _, k=k: progress(k * settings.steps + done, total)))
+           for k, M in enumerate(counts)]
     win = min(per, key=lambda r: r["objective_s"])
     if settings.objective == "e2e" and np.isfinite(win["objective_s"]):     # inf: nothing fits, no clock to judge
         mean = win["objective_s"]

@@ -238,7 +238,8 @@ def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None) -> t
 
 
 def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02, t_end: float = 1e-4,
-           reference: float | None = None, devices: int | None = None, steps_per_call: int = 1) -> AnnealResult:
+           reference: float | None = None, devices: int | None = None, steps_per_call: int = 1,
+           progress=None) -> AnnealResult:
     """Simulated annealing of ``C`` chains from ``x0 [C, D]``.
 
     Args:
@@ -253,6 +254,9 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
       steps_per_call: steps run inside one compiled call (many for a cheap objective, whose steps
         would otherwise be dominated by dispatch; 1 for an objective that loops internally, which
         ran several times slower nested in another loop on CPU).  Must divide ``steps``.
+      progress: optional callable given ``(steps taken, steps)`` when the steps start (after the
+        first evaluation, which compiles) and as they complete (every :data:`DISPATCH_AHEAD` calls
+        and at the end), e.g. to advance a progress bar; the result does not depend on it.
 
     Returns:
       :class:`AnnealResult` (objective in the problem's units, ``inf`` if nothing feasible was found).
@@ -275,10 +279,15 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     many = put(np.int32(steps_per_call), shared)
     # the step loop runs in Python around one compiled program (objectives that loop internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
-    for i in range(steps // steps_per_call):
+    calls = steps // steps_per_call
+    if progress is not None:
+        progress(0, steps)
+    for i in range(calls):
         chains = stepped(chains, run.seed, cooling, run.ctx, many)
-        if (i + 1) % DISPATCH_AHEAD == 0:
+        if (i + 1) % DISPATCH_AHEAD == 0 or i + 1 == calls:
             chains.value.block_until_ready()
+            if progress is not None:
+                progress((i + 1) * steps_per_call, steps)
     best_value = np.asarray(chains.best_value) * reference
     i = int(np.argmin(best_value))
     objective = float(best_value[i]) if best_value[i] < PENALTY * reference else float("inf")

@@ -1,0 +1,127 @@
+"""XLA's false alarms about cached programs, dropped from the command line's stderr.
+
+When it loads a program from the persistent compilation cache (``mocap_jax.api.compile_cache``),
+XLA:CPU checks that the host has every CPU feature the program was compiled for.  On hosts where
+LLVM tunes code generation with ``+prefer-no-gather`` / ``+prefer-no-scatter`` (many AVX-512 CPUs,
+Intel and AMD), the check takes those two tuning preferences for missing CPU features and logs two
+error lines of about 2 KB for every program, although the program is the one this host compiled
+and it loads and runs correctly (jax-ml/jax#38445).  A command loads tens to hundreds of programs,
+so its output drowned in them.
+
+:func:`install` routes the process's standard error (file descriptor 2, which XLA's C++ log writes
+to) through a child process running this file, which drops exactly those lines -- the same message
+naming any other feature still shows -- and passes everything else through as it arrives (partial
+lines too, so progress bars keep moving).  A separate process rather than a thread: if this
+process dies, the child still receives everything written before and writes it out.  It ignores
+terminal signals (its own session), so Ctrl-C reaches only the command.
+
+Run directly, this file is the child: standard input to standard error, filtered.  It imports
+only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+#: the false alarm: a C++ log line (``E``, date, time, thread) from ``cpu_aot_loader.cc`` about one of
+#: the two tuning preferences
+NOISE = re.compile(rb"E\d{4} [0-9:.]+ +\d+ cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. "
+                   rb"Target machine feature \+prefer-no-(?:gather|scatter) is not ")
+#: an unfinished line that may become a false alarm is held back until its end, up to this many bytes
+HOLD_BYTES = 1 << 16
+
+
+#: where a line ends: a newline, or a carriage return (a progress bar redraws its line after one)
+LINE_END = re.compile(rb"[\r\n]")
+
+
+class LineFilter:
+    """Drops :data:`NOISE` lines from a byte stream fed in arbitrary pieces."""
+
+    def __init__(self):
+        self.pending = b""         # the start of an unfinished line that may become a false alarm
+        self.passing = False       # the unfinished line cannot be one: the rest of it goes out as it comes
+
+    def feed(self, data: bytes) -> bytes:
+        """What to write now of ``data`` (and of what was held back before it)."""
+        out = []
+        if self.passing:
+            end = LINE_END.search(data)
+            if end is None:
+                return data
+            out.append(data[:end.end()])
+            data, self.passing = data[end.end():], False
+        data = self.pending + data
+        start = 0
+        while (end := LINE_END.search(data, start)) is not None:
+            line = data[start:end.end()]
+            if not NOISE.match(line):
+                out.append(line)
+            start = end.end()
+        tail = data[start:]
+        # only a log line (``E`` first) can become a false alarm: anything else goes out at once
+        held = tail.startswith(b"E") and len(tail) < HOLD_BYTES
+        self.pending = tail if held else b""
+        if tail and not held:
+            out.append(tail)
+            self.passing = True
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        """What is left at the end of the stream."""
+        rest, self.pending = self.pending, b""
+        return b"" if NOISE.match(rest) else rest
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def pump(source: int = 0, sink: int = 2) -> None:
+    """Copy ``source`` to ``sink`` through a :class:`LineFilter` until the end of ``source``."""
+    lines = LineFilter()
+    while chunk := os.read(source, 1 << 16):
+        _write_all(sink, lines.feed(chunk))
+    _write_all(sink, lines.close())
+
+
+def install() -> bool:
+    """Route this process's file descriptor 2 through the filter until the process exits (POSIX;
+    only where ``sys.stderr`` is the process's own, e.g. not under a test runner's capture).
+    Returns whether it did."""
+    import atexit
+    import subprocess
+
+    if os.name != "posix" or sys.stderr is not sys.__stderr__ or os.environ.get("MOCAP_JAX_RAW_STDERR"):
+        return False
+    try:
+        sys.stderr.flush()
+        child = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return False
+    saved = os.dup(2)
+    os.dup2(child.stdin.fileno(), 2)
+
+    def restore() -> None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)
+        os.close(saved)
+        child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    atexit.register(restore)
+    return True
+
+
+if __name__ == "__main__":
+    pump()
