@@ -21,8 +21,14 @@ def _settings(tp: int) -> CompareSettings:
 def test_every_scheme_runs_its_choice_with_stage_groups(tp):
     """PP x TP for every scheme: each reported prefill equals ``simulate`` of the scheme's choice."""
     model, hw, S = "llama3.1-8b", "h100-x8", 4096
-    out = compare(model, hw, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"), settings=_settings(tp))
+    lines = []
+    out = compare(model, hw, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"), settings=_settings(tp),
+                  log=lines.append)
     by = {r["scheme"]: r for r in out["schemes"]}
+    # progress: every scheme planned (with the batch it chose), then every scheme evaluated, in order
+    assert [line.split("] ", 1)[1] for line in lines] == (
+        [f"{s}: planned, B' = {by[s]['batch']}" for s in by]
+        + [f"{s}: evaluated at {out['load_rps']:.4g} requests/s" for s in by])
     assert out["tp"] == tp and all(r["feasible"] and r["tensor_parallel"] == tp for r in by.values())
     g = by["gpipe"]
     ref = mj.simulate(model, hw, S, "gpipe", batch=g["batch"], microbatch=g["chose"]["microbatch"], tp=tp,

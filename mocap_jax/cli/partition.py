@@ -8,8 +8,8 @@ from ..partition.plan import PARTITIONED, PlanSettings, plan_partition
 from ..prefill.points import MBKRSettings
 from ..serving.arrivals import ARRIVALS
 from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, compare
-from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, progress_bar,
-                     seed, table)
+from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, progress,
+                     progress_bar, seed, table)
 
 
 def _add_common(p):
@@ -72,7 +72,8 @@ def cmd_compare(args) -> int:
                          requests=args.requests, arrivals=args.arrivals, seed=args.seed, release=args.release,
                          admission=args.admission, num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)),
                          dtype=args.dtype, tp=args.tp, with_max_seq=not args.no_max_seq)
-    res = compare(args.model, args.hardware, args.seq_len, load=load, schemes=schemes, settings=st)
+    res = compare(args.model, args.hardware, args.seq_len, load=load, schemes=schemes, settings=st,
+                  log=lambda message: progress(message, args.quiet))
     res.pop("plans", None)
     print(dumps(res) if args.json else format_compare(res))
     return 0
@@ -110,6 +111,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--requests", type=positive_int, default=DEFAULT_REQUESTS, help="simulated requests")
     p.add_argument("--arrivals", default="poisson", choices=[a for a in ARRIVALS if a != "trace"])
     p.add_argument("--no-max-seq", action="store_true", help="skip the max-sequence-length searches")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("partition", help="LBCP chunk sizes: uniform, proxy DP and annealed, per chunk count")

@@ -285,11 +285,12 @@ def evaluate_scheme(plan: SchemePlan, load: float | None, st: CompareSettings) -
 
 
 def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes=ALL_SCHEMES,
-            settings: CompareSettings | None = None) -> dict:
+            settings: CompareSettings | None = None, log=None) -> dict:
     """Every scheme on the same hardware, model, sequence length and load.
 
     Without ``load`` the common load is ``DEFAULT_LOAD_FRACTION`` (0.5) x the smallest saturation
-    throughput among the feasible schemes, a load at which every scheme is stable.
+    throughput among the feasible schemes, a load at which every scheme is stable.  ``log``: optional
+    callable given a line of progress as each scheme is planned and evaluated.
     """
     st = settings or CompareSettings()
     if load is not None:
@@ -303,7 +304,16 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
     S = checks.integer("seq_len", seq_len, 1, LIMITS["seq_len"])
     check_granularity(S, st.chunks, st.plan.granularity)
     t0 = time.perf_counter()
-    plans = {s: plan_scheme(m, hw, S, s, st) for s in schemes}
+
+    def note(message: str) -> None:
+        if log is not None:
+            log(f"[{time.perf_counter() - t0:6.1f}s] {message}")
+
+    plans = {}
+    for s in schemes:
+        plans[s] = plan_scheme(m, hw, S, s, st)
+        config = plans[s].config
+        note(f"{s}: planned, " + (f"B' = {config.batch}" if config is not None else "nothing fits"))
     if load is None:
         sat = [run(p.config, timeline=False, items=p.items).throughput_rps for p in plans.values() if p.config]
         sat = [v for v in sat if v > 0]
@@ -312,7 +322,10 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
             raise SpecError(f"the slowest scheme saturates at {min(sat):.3g} requests/s on {hw.name}, so the default "
                             f"load ({DEFAULT_LOAD_FRACTION:g} x that) is below {LIMITS['load_min']:g} requests/s, where "
                             f"arrivals are not representable; pass a load (--load) or use faster hardware")
-    results = [evaluate_scheme(plans[s], load, st) for s in schemes]
+    results = []
+    for s in schemes:
+        results.append(evaluate_scheme(plans[s], load, st))
+        note(f"{s}: evaluated at {load:.4g} requests/s" + (" and its longest sequence found" if st.with_max_seq else ""))
     base = {r.scheme: r for r in results}
 
     def rel(r, ref, key):
