@@ -12,6 +12,7 @@ from mocap_jax.wsc import baselines as bl
 from mocap_jax.wsc import explore as ex
 from mocap_jax.wsc import figures as fg
 from mocap_jax.wsc import ranking as rk
+from mocap_jax.wsc import robustness as rb
 from mocap_jax.wsc import setup as su
 
 CONFIG = su.ServingConfig(max_batch=32)
@@ -35,16 +36,24 @@ def test_template_points():
         ex.template_points(dram_gb=(32, -1))
 
 
+#: the (points done, points) the exploration of the ``explored`` fixture reported
+PROGRESS = []
+
+
 @pytest.fixture(scope="module")
 def explored():
     hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
     sweep = ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
-    return ex.explore(sweep, CONFIG)
+    return ex.explore(sweep, CONFIG, progress=lambda done, total: PROGRESS.append((done, total)))
 
 
 def test_explore_rows_best_and_csv(explored, tmp_path):
     res = explored
     assert len(res.rows) == 4 * 2 * 2 and res.timing["groups"] == 1  # one compiled program for every point
+    # progress: from none done once compiled, never backwards, to every point
+    done = [d for d, _ in PROGRESS]
+    assert PROGRESS[0] == (0, 16) and PROGRESS[-1] == (16, 16) and {t for _, t in PROGRESS} == {16}
+    assert done == sorted(done) and len(set(done)) == len(done)
     assert all(r["feasible"] and r["finished"] == 40 for r in res.rows)
     # common random numbers: every hardware point of a (workload, load) saw the same trace
     for w in ("azure-code", "azure-conv"):
@@ -72,6 +81,32 @@ def test_design_space_figure_run_and_plot(explored, tmp_path):
         assert data["goodput_norm"][i, 0, y, x] == pytest.approx(1.0)
     path = fg.plot_design_space(data, tmp_path / "wsc_design_space.png")
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_robustness_ranks_each_perturbation_as_its_own_run(explored):
+    """The nominal run is the exploration's answer; an identity perturbation ranks exactly as the nominal
+    model; how the perturbations are grouped into batched runs changes nothing; progress counts every
+    design point of every run."""
+    hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
+    sweep = ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
+    perts = [rb.Perturbation(eff_dram=0.6, eff_link=0.5, hop_latency=3.0, alpha=3.0, contention="proportional"),
+             rb.Perturbation(),                                  # the nominal model: alpha 1.5, max-min
+             rb.Perturbation(eff_gemm=0.9, eff_attention=1.1, hop_latency=0.5, alpha=1.0)]
+    reports = []
+    res = rb.run_robustness(sweep, perts, CONFIG, group=2, progress=lambda done, total: reports.append((done, total)))
+    assert reports[-1] == (4 * 16, 4 * 16) and [d for d, _ in reports] == sorted(d for d, _ in reports)
+    # the nominal best per workload is the exploration's best (geometric mean over models, every point)
+    nominal = {r["workload"]: r["best"] for r in res.nominal_best if r["model"] == "all"}
+    assert nominal == {b["workload"]: b["hardware"] for b in explored.best if b["subset"] == "all"}
+    identity = [r for r in res.per_perturbation if r["perturbation"] == 1]
+    by_scope = {(r["workload"], r["model"]): r for r in res.nominal_best}
+    assert len(identity) == len(by_scope) == 4
+    for r in identity:
+        n = by_scope[(r["workload"], r["model"])]
+        assert (r["best"], r["runner_up"], r["margin"]) == (n["best"], n["runner_up"], n["margin"])
+        assert r["nominal_best_relative"] == 1.0
+    alone = rb.run_robustness(sweep, perts, CONFIG, group=4)
+    assert alone.per_perturbation == res.per_perturbation and alone.summary == res.summary
 
 
 def test_sweep_bad_input():

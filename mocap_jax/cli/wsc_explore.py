@@ -15,7 +15,7 @@ from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
 from ..wsc.workload import WORKLOAD_TTFT_SLOS
-from .common import check_figure_file, check_output_dir
+from .common import check_figure_file, check_output_dir, progress_bar
 from .wsc_args import (METRIC_COLUMNS, emit_json, floats, metric_cells, names, program_dtype, serving_args,
                        serving_config, table)
 
@@ -84,7 +84,9 @@ def cmd_explore(args) -> int:
     check_output_dir(args.out)
     if not args.no_figure:
         check_figure_file(args.figure)
-    res = ex.explore(sweep, config, {} if args.ttft_slo_s is not None else None, program_dtype(args))
+    with progress_bar("simulating design points", "point", args.quiet) as advance:
+        res = ex.explore(sweep, config, {} if args.ttft_slo_s is not None else None, program_dtype(args),
+                         progress=advance)
     out = Path(args.out)
     csv_path = res.write_csv(out / "wsc_explore.csv")
     best_path = ex.write_rows(res.best + res.best_per_model, out / "wsc_explore_best.csv")
@@ -172,8 +174,9 @@ def cmd_robustness(args) -> int:
     check_output_dir(args.out)
     if not args.no_figure:
         check_figure_file(args.figure)
-    res = rb.run_robustness(sweep, perts, config, {} if args.ttft_slo_s is not None else None, program_dtype(args),
-                            args.group)
+    with progress_bar("simulating design points", "point", args.quiet) as advance:
+        res = rb.run_robustness(sweep, perts, config, {} if args.ttft_slo_s is not None else None,
+                                program_dtype(args), args.group, progress=advance)
     out = Path(args.out)
     paths = [str(ex.write_rows(res.summary, out / "wsc_robustness.csv")),
              str(ex.write_rows(res.per_perturbation, out / "wsc_robustness_runs.csv"))]
@@ -232,6 +235,7 @@ def register_explore(sub, bench_sub) -> None:
     e.add_argument("--out", default="results", help="directory of the CSV results (default results/)")
     e.add_argument("--figure", default="figures/wsc_design_space.png", help="design-space figure path")
     e.add_argument("--no-figure", action="store_true")
+    e.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     serving_args(e, requests=None)
     e.set_defaults(func=cmd_explore)
 
@@ -245,6 +249,7 @@ def register_explore(sub, bench_sub) -> None:
     r.add_argument("--out", default="results", help="directory of the CSV results (default results/)")
     r.add_argument("--figure", default="figures/wsc_robustness.png", help="robustness figure path")
     r.add_argument("--no-figure", action="store_true")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     serving_args(r, requests=None)
     r.set_defaults(func=cmd_robustness)
 

@@ -294,7 +294,7 @@ def result_rows(meta, results) -> list[dict[str, Any]]:
 
 
 def explore(sweep: Sweep | None = None, config: ServingConfig | None = None, slos: dict[str, float] | None = None,
-            dtype=jnp.float32, batch_size: int | None = None) -> ExploreResult:
+            dtype=jnp.float32, batch_size: int | None = None, progress=None) -> ExploreResult:
     """Sweep hardware x models x workloads x request rates as one batched serving run.
 
     Args:
@@ -305,6 +305,7 @@ def explore(sweep: Sweep | None = None, config: ServingConfig | None = None, slo
         :data:`~mocap_jax.wsc.workload.WORKLOAD_TTFT_SLOS`; ``{}`` uses ``config`` everywhere).
       dtype: float dtype of the array program.
       batch_size: points per vmap call (see :func:`mocap_jax.wsc.serving.simulate`).
+      progress: optional callable given ``(points done, points)`` (:func:`mocap_jax.wsc.serving.simulate`).
 
     Raises:
       SpecError: bad names, empty lists, non-positive loads or requests (before any simulation).
@@ -316,7 +317,7 @@ def explore(sweep: Sweep | None = None, config: ServingConfig | None = None, slo
     rates = reference_rates(sweep.models, sweep.workloads, sweep.loads, config, specs, slos)
     points, meta = sweep_points(sweep, specs, sweep.traces(rates), rates, config, slos)
     t_setup = time.perf_counter() - t0
-    rep = sv.simulate(points, dtype=dtype, batch_size=batch_size)
+    rep = sv.simulate(points, dtype=dtype, batch_size=batch_size, progress=progress)
     rows = result_rows(meta, rep.results)
     best, best_model = best_designs(rows, sweep.hardware, sweep.models, sweep.workloads)
     timing = {"setup_s": t_setup, "simulate_s": rep.wall_s, "compile_s": rep.compile_s, "groups": rep.groups,

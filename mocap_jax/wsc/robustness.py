@@ -128,12 +128,14 @@ def _scopes(rows, sweep: Sweep):
 
 
 def run_robustness(sweep: Sweep, perturbations: Sequence[Perturbation], config: ServingConfig | None = None,
-                   slos: dict[str, float] | None = None, dtype=jnp.float32, group: int = 10) -> RobustnessResult:
+                   slos: dict[str, float] | None = None, dtype=jnp.float32, group: int = 10,
+                   progress=None) -> RobustnessResult:
     """Re-run ``sweep`` under the nominal model and every perturbation.
 
     The offered rates are the nominal model's (the same requests for every perturbation), so the
     perturbations change only how well each design serves them.  Perturbations run ``group`` at
-    a time through :func:`mocap_jax.wsc.serving.simulate` (one compiled program).
+    a time through :func:`mocap_jax.wsc.serving.simulate` (one compiled program).  ``progress``:
+    optional callable given ``(design points done, design points)`` over all the runs.
     """
     config = config or ServingConfig()
     if config.contention == "off":
@@ -147,7 +149,8 @@ def run_robustness(sweep: Sweep, perturbations: Sequence[Perturbation], config: 
     rates = reference_rates(sweep.models, sweep.workloads, sweep.loads, config, specs, slos)
     traces = sweep.traces(rates)
     runs = [Perturbation(alpha=config.alpha, contention=config.contention)] + perturbations
-    rankings, simulated = [], 0
+    rankings, simulated, finished = [], 0, 0
+    total = len(runs) * len(sweep.models) * len(sweep.workloads) * len(sweep.loads) * len(specs)
     for start in range(0, len(runs), group):
         batch = runs[start:start + group]
         points, metas = [], []
@@ -155,7 +158,9 @@ def run_robustness(sweep: Sweep, perturbations: Sequence[Perturbation], config: 
             pts, meta = sweep_points(sweep, [pert.apply(s) for s in specs], traces, rates, pert.config(config), slos)
             points += pts
             metas.append(meta)
-        rep = sv.simulate(points, dtype=dtype)
+        report = None if progress is None else (lambda done, _, before=finished: progress(before + done, total))
+        rep = sv.simulate(points, dtype=dtype, progress=report)
+        finished += len(points)
         simulated += rep.simulated_requests
         k = 0
         for meta in metas:

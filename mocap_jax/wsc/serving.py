@@ -256,7 +256,7 @@ RAW_FIELDS = ("ttft_t", "finish_t", "ready_t", "pinst", "dinst", "dropped")
 
 
 def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, batch_size: int | None = None,
-             chunk_steps: int = 128, keep_raw: bool = False, shard: bool = True) -> SimulationReport:
+             chunk_steps: int = 128, keep_raw: bool = False, shard: bool = True, progress=None) -> SimulationReport:
     """Simulate many (setup, trace) design points with the array program.
 
     Every feasible point shares one static shape (requests padded to the largest trace's
@@ -273,6 +273,8 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
       chunk_steps: scan length between host checks for finished lanes.
       keep_raw: keep the raw per-request times in each result.
       shard: split the lanes over the local devices when their number divides evenly.
+      progress: optional callable given ``(points done, points)`` once the program is compiled and
+        as points finish (infeasible set-ups count as done from the start).
     """
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
         raise SpecError("float64 needs jax_enable_x64: call jax.config.update('jax_enable_x64', True) first")
@@ -296,8 +298,12 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
         pool = _LanePool([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in idx], shape, width,
                          chunk_steps, shard)
         compile_s = pool.compile_s
+        done = len(points) - len(idx)
+        if progress is not None:
+            progress(done, len(points))
         while pool.active():
-            for _, j, row in pool.run():
+            finished = pool.run()
+            for _, j, row in finished:
                 k = idx[j]
                 setup, trace = points[k]
                 n = len(trace)
@@ -309,6 +315,9 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
                 raw = {f: row[f][:n] for f in RAW_FIELDS} if keep_raw else None
                 results[k] = ServingResult(setup, trace, met, rm, raw)
                 simulated += n
+            done += len(finished)
+            if finished and progress is not None:
+                progress(done, len(points))
         steps = [pool.total_steps]
     return SimulationReport(results=results, groups=1 if idx else 0, wall_s=time.perf_counter() - t0,
                             compile_s=compile_s, steps=steps, simulated_requests=simulated)
