@@ -1,6 +1,7 @@
 """Design-space exploration, de-confounded baselines, figures and their CLI (tiny sizes)."""
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -83,29 +84,33 @@ def test_design_space_figure_run_and_plot(explored, tmp_path):
     assert path.exists() and path.stat().st_size > 10_000
 
 
-def test_robustness_ranks_each_perturbation_as_its_own_run(explored):
+def test_robustness_ranks_each_perturbation_as_its_own_run():
     """The nominal run is the exploration's answer; an identity perturbation ranks exactly as the nominal
-    model; how the perturbations are grouped into batched runs changes nothing; progress counts every
-    design point of every run."""
-    hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
+    model; a strong one changes the margins (tight SLOs, so the designs' goodput differs); how the
+    perturbations are grouped into batched runs changes nothing; progress counts every design point of
+    every run."""
+    hw = ex.template_points(((2, 4), (3, 4), (4, 4)), dram_gb=(32,), d2d_tbps=(2.0,))
     sweep = ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
+    tight = dataclasses.replace(CONFIG, ttft_slo_s=0.3, tpot_slo_s=0.03)
     perts = [rb.Perturbation(eff_dram=0.6, eff_link=0.5, hop_latency=3.0, alpha=3.0, contention="proportional"),
              rb.Perturbation(),                                  # the nominal model: alpha 1.5, max-min
              rb.Perturbation(eff_gemm=0.9, eff_attention=1.1, hop_latency=0.5, alpha=1.0)]
     reports = []
-    res = rb.run_robustness(sweep, perts, CONFIG, group=2, progress=lambda done, total: reports.append((done, total)))
-    assert reports[-1] == (4 * 16, 4 * 16) and [d for d, _ in reports] == sorted(d for d, _ in reports)
+    res = rb.run_robustness(sweep, perts, tight, {}, group=2, progress=lambda done, total: reports.append((done, total)))
+    assert reports[-1] == (4 * 12, 4 * 12) and [d for d, _ in reports] == sorted(d for d, _ in reports)
     # the nominal best per workload is the exploration's best (geometric mean over models, every point)
+    explored = ex.explore(sweep, tight, {})
     nominal = {r["workload"]: r["best"] for r in res.nominal_best if r["model"] == "all"}
     assert nominal == {b["workload"]: b["hardware"] for b in explored.best if b["subset"] == "all"}
-    identity = [r for r in res.per_perturbation if r["perturbation"] == 1]
     by_scope = {(r["workload"], r["model"]): r for r in res.nominal_best}
-    assert len(identity) == len(by_scope) == 4
-    for r in identity:
-        n = by_scope[(r["workload"], r["model"])]
-        assert (r["best"], r["runner_up"], r["margin"]) == (n["best"], n["runner_up"], n["margin"])
-        assert r["nominal_best_relative"] == 1.0
-    alone = rb.run_robustness(sweep, perts, CONFIG, group=4)
+    rows = {(r["perturbation"], r["workload"], r["model"]): r for r in res.per_perturbation}
+    assert len(by_scope) == 4 and len(rows) == 3 * 4
+    for (w, m), n in by_scope.items():
+        same = rows[(1, w, m)]
+        assert (same["best"], same["runner_up"], same["margin"]) == (n["best"], n["runner_up"], n["margin"])
+        assert same["nominal_best_relative"] == 1.0
+    assert any(rows[(0, w, m)]["margin"] != n["margin"] for (w, m), n in by_scope.items())
+    alone = rb.run_robustness(sweep, perts, tight, {}, group=4)
     assert alone.per_perturbation == res.per_perturbation and alone.summary == res.summary
 
 
