@@ -31,8 +31,6 @@ NOISE = re.compile(rb"E\d{4} [0-9:.]+ +\d+ cpu_aot_loader\.cc:\d+\] Loading XLA:
                    rb"Target machine feature \+prefer-no-(?:gather|scatter) is not ")
 #: an unfinished line that may become a false alarm is held back until its end, up to this many bytes
 HOLD_BYTES = 1 << 16
-
-
 #: where a line ends: a newline, or a carriage return (a progress bar redraws its line after one)
 LINE_END = re.compile(rb"[\r\n]")
 

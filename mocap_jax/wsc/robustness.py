@@ -150,7 +150,6 @@ def run_robustness(sweep: Sweep, perturbations: Sequence[Perturbation], config: 
     traces = sweep.traces(rates)
     runs = [Perturbation(alpha=config.alpha, contention=config.contention)] + perturbations
     rankings, simulated, finished = [], 0, 0
-    total = len(runs) * len(sweep.models) * len(sweep.workloads) * len(sweep.loads) * len(specs)
     for start in range(0, len(runs), group):
         batch = runs[start:start + group]
         points, metas = [], []
@@ -158,6 +157,7 @@ def run_robustness(sweep: Sweep, perturbations: Sequence[Perturbation], config: 
             pts, meta = sweep_points(sweep, [pert.apply(s) for s in specs], traces, rates, pert.config(config), slos)
             points += pts
             metas.append(meta)
+        total = len(runs) * len(metas[0])                 # every run simulates the same design points
         report = None if progress is None else (lambda done, _, before=finished: progress(before + done, total))
         rep = sv.simulate(points, dtype=dtype, progress=report)
         finished += len(points)
