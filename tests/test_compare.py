@@ -12,8 +12,8 @@ from mocap_jax.study.compare import CompareSettings, compare
 from mocap_jax.study.reproduce import StudyConfig
 
 
-def _settings(tp: int) -> CompareSettings:
-    plan = PlanSettings(chunks=4, granularity=256, chains=2, steps=2, max_batch=8)
+def _settings(tp: int, steps: int = 2) -> CompareSettings:
+    plan = PlanSettings(chunks=4, granularity=256, chains=2, steps=steps, max_batch=8)
     return CompareSettings(chunks=4, plan=plan, max_batch=8, requests=8, tp=tp, with_max_seq=False)
 
 
@@ -22,12 +22,14 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
     """PP x TP for every scheme: each reported prefill equals ``simulate`` of the scheme's choice."""
     model, hw, S = "llama3.1-8b", "h100-x8", 4096
     lines = []
-    out = compare(model, hw, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"), settings=_settings(tp),
+    out = compare(model, hw, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"), settings=_settings(tp, 24),
                   log=lines.append)
     by = {r["scheme"]: r for r in out["schemes"]}
-    # progress: every scheme planned (with the batch it chose), then every scheme evaluated, in order
+    # progress: every scheme planned (with the batch it chose), then every scheme evaluated, in order;
+    # the annealer reports every 8 steps, of which the log keeps the start and each quarter's first
     assert [line.split("] ", 1)[1] for line in lines] == (
-        [f"{s}: planned, B' = {by[s]['batch']}" for s in by]
+        [f"{s}: planned, B' = {by[s]['batch']}" for s in ("gpipe", "terapipe", "terapipe-dp")]
+        + [f"mocap: annealing, {k} of 24 steps" for k in (0, 8, 16)] + [f"mocap: planned, B' = {by['mocap']['batch']}"]
         + [f"{s}: evaluated at {out['load_rps']:.4g} requests/s" for s in by])
     assert out["tp"] == tp and all(r["feasible"] and r["tensor_parallel"] == tp for r in by.values())
     g = by["gpipe"]

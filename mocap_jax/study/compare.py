@@ -137,8 +137,10 @@ def _fits_with_items(cfg: Config, items, slots: int) -> bool:
     return run(cfg, timeline=False, items=(items, slots)).feasible
 
 
-def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan: dict | None = None) -> SchemePlan:
-    """Choose what ``scheme`` runs (see the module table)."""
+def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan: dict | None = None,
+                progress=None) -> SchemePlan:
+    """Choose what ``scheme`` runs (see the module table).  ``progress``: optional callable given
+    ``(annealing steps taken, steps)`` while an ``lbcp`` or ``mocap`` partition is annealed."""
     checks.choice("scheme", scheme, ALL_SCHEMES)
     if scheme == "gpipe":
         best = None
@@ -164,7 +166,7 @@ def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan:
         return _plan_terapipe(model, hardware, S, st)
     p = plan or plan_partition(model, hardware, S, scheme, settings=st.plan, release=st.release,
                                admission=st.admission, num_batches=st.num_batches, mbkr=st.mbkr, dtype=st.dtype,
-                               tp=st.tp)
+                               tp=st.tp, progress=progress)
     part = np.asarray(p["partition"])
     cfg = _base(model, hardware, S, "mbkr" if scheme == "mocap" else "terapipe", st, chunks=None, partition=part)
     B = int(p["batch"])
@@ -290,7 +292,8 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
 
     Without ``load`` the common load is ``DEFAULT_LOAD_FRACTION`` (0.5) x the smallest saturation
     throughput among the feasible schemes, a load at which every scheme is stable.  ``log``: optional
-    callable given a line of progress as each scheme is planned and evaluated.
+    callable given a line of progress as each scheme is planned and evaluated, and as the ``lbcp``
+    and ``mocap`` annealing starts and passes each quarter of its steps.
     """
     st = settings or CompareSettings()
     if load is not None:
@@ -309,9 +312,20 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
         if log is not None:
             log(f"[{time.perf_counter() - t0:6.1f}s] {message}")
 
+    def annealing(scheme: str):
+        # minutes of annealing would otherwise pass without a line: one as it starts, one per quarter
+        last = [-1]
+
+        def report(done: int, total: int) -> None:
+            quarter = 4 * done // max(total, 1)
+            if last[0] < quarter < 4:
+                last[0] = quarter
+                note(f"{scheme}: annealing, {done:,} of {total:,} steps")
+        return report
+
     plans = {}
     for s in schemes:
-        plans[s] = plan_scheme(m, hw, S, s, st)
+        plans[s] = plan_scheme(m, hw, S, s, st, progress=annealing(s) if log is not None else None)
         config = plans[s].config
         note(f"{s}: planned, " + (f"B' = {config.batch}" if config is not None else "nothing fits"))
     if load is None:
