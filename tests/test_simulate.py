@@ -205,19 +205,29 @@ def test_spill_compacted_runs_the_spill_program_only_on_the_steps_it_needs(patte
     assert len(steps_run) == -(-int((~fits).sum()) // step)
 
 
-def test_mbkr_blocks_in_steps_equal_one_step(monkeypatch):
-    """simulate_batch of MBKR points that do and do not fit without MBKR: a block run in small steps
-    (the spill passes only on the steps that need them) equals the same points in one step each."""
+def test_mbkr_blocks_in_steps_equal_every_point_through_the_spill_passes(monkeypatch):
+    """simulate_batch of MBKR points that do and do not fit without MBKR: the spill passes run only on
+    the compacted points that need them, in steps of the whole block or of 8 configurations, and give
+    what running every point through the spill passes gives (oracle: a point that fits spills nothing)."""
     S, B = 65536, np.arange(70, 134, 2)                   # B' without MBKR is about 100 here
     kw = dict(chunks=8, batch=np.repeat(B, 4), block_size=128, dtype="float32",
               fields=("prefill_latency_s", "raw_latency_s", "feasible", "spilled_bytes_per_stage", "overflow"))
-    one = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, "mbkr", **kw)
+    run = lambda: mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, "mbkr", **kw)
+    spills_needed = prefill_batch.spills_needed
+    prefill_batch._program.cache_clear()
+    monkeypatch.setattr(prefill_batch, "spills_needed", lambda shape: False)
+    every = run()
+    monkeypatch.setattr(prefill_batch, "spills_needed", spills_needed)
+    prefill_batch._program.cache_clear()
+    one = run()
     monkeypatch.setattr(prefill_batch, "STEP_CELLS", 1)   # steps of 8 configurations
-    steps = mj.simulate_batch("llama3-70b", "mocap-4x4", [S] * 128, "mbkr", **kw)
+    steps = run()
+    prefill_batch._program.cache_clear()
     assert 0 < one["feasible"].sum() and (one["spilled_bytes_per_stage"].sum(1) > 0).any()
     assert (one["spilled_bytes_per_stage"].sum(1) == 0).any()
     for k in kw["fields"]:
-        np.testing.assert_allclose(steps[k], one[k], rtol=1e-6, err_msg=k)
+        np.testing.assert_allclose(one[k], every[k], rtol=1e-6, err_msg=k)
+        np.testing.assert_allclose(steps[k], every[k], rtol=1e-6, err_msg=k)
 
 
 @pytest.mark.parametrize("scheme", ["terapipe", "mbkr"])

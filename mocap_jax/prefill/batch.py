@@ -57,14 +57,39 @@ def plain_shape(shape: SimShape) -> SimShape:
 
 
 def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
-    """:func:`evaluate_vmapped`, running the spill passes only if some configuration does not fit
-    without them.  Traceable; :func:`evaluate_points` compiles it."""
+    """:func:`evaluate_vmapped`, running the spill passes only on the configurations that do not fit
+    without them, a compaction step at a time (:func:`spill_compacted`).  Traceable (the B' search of
+    the annealing objective runs it inside its loop); :func:`evaluate_points` compiles it."""
     if not spills_needed(shape):
         return evaluate_vmapped(points, shape, axes, fields)
-    plain = evaluate_vmapped(points, plain_shape(shape), axes, tuple(fields) + ("feasible",))
-    fits = plain["feasible"]
-    plain = {f: plain[f] for f in fields}
-    return jax.lax.cond(jnp.all(fits), lambda: plain, lambda: evaluate_vmapped(points, shape, axes, fields))
+    leaves, treedef = jax.tree_util.tree_flatten(points)
+    batched = tuple(ax is not None for ax in jax.tree_util.tree_leaves(axes, is_leaf=lambda x: x is None))
+    rows = [x for x, b in zip(leaves, batched) if b]
+    P = rows[0].shape[0]
+
+    def run(block_rows, sh):
+        it = iter(block_rows)
+        pts = jax.tree_util.tree_unflatten(treedef, [next(it) if b else x for x, b in zip(leaves, batched)])
+        return evaluate_vmapped(pts, sh, axes, tuple(fields) + ("feasible",))
+
+    plain = run(rows, plain_shape(shape))
+    out = spill_compacted(rows, plain["feasible"], plain, lambda r: run(r, shape), compaction_step(shape, P))
+    return {f: out[f] for f in fields}
+
+
+#: item-stage cells of one step of the spill passes inside a traced evaluation (:func:`evaluate_many`):
+#: half a plain step's, so that a few configurations that do not fit run the passes almost alone.
+#: Measured on the annealing benchmark's B' search (1,024 configurations of 16 items x 16 stages on
+#: one device, medians of 9 calls, three rounds alternated): 256 configurations per step took 48-53 ms
+#: where every configuration needed the passes and 13-16 ms where one in 16 did; one step of all
+#: 1,024, 62-67 ms either way; 64 per step, 61-64 and 6-8 ms.
+SPILL_STEP_CELLS = 1 << 16
+
+
+def compaction_step(shape: SimShape, count: int) -> int:
+    """Configurations per step of :func:`evaluate_many`'s spill passes: about :data:`SPILL_STEP_CELLS`
+    item-stage cells, a power of two that divides ``count``."""
+    return min(_power_of_two_step(shape, SPILL_STEP_CELLS), count & -count)
 
 
 def spill_compacted(rows, fits, plain: dict, spilled, step: int) -> dict:
@@ -114,8 +139,13 @@ STEP_CELLS = 1 << 17
 def step_size(shape: SimShape) -> int:
     """Configurations per vectorised step of a block: a power of two in [8, 4096], about
     :data:`STEP_CELLS` item-stage cells."""
-    cells = shape.items * shape.batches * shape.stages
-    return int(min(4096, max(8, 1 << max(0, (STEP_CELLS // cells).bit_length() - 1))))
+    return _power_of_two_step(shape, STEP_CELLS)
+
+
+def _power_of_two_step(shape: SimShape, cells: int) -> int:
+    """The power of two in [8, 4096] configurations nearest below ``cells`` item-stage cells."""
+    per = shape.items * shape.batches * shape.stages
+    return int(min(4096, max(8, 1 << max(0, (cells // per).bit_length() - 1))))
 
 
 def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, shape: SimShape, fields: tuple,
