@@ -253,7 +253,10 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
         the chains); the result does not depend on it.
       steps_per_call: steps run inside one compiled call (many for a cheap objective, whose steps
         would otherwise be dominated by dispatch; 1 for an objective that loops internally, which
-        ran several times slower nested in another loop on CPU).  Must divide ``steps``.
+        ran several times slower nested in another loop on CPU).  Must divide ``steps``.  XLA
+        compiles the objective inside the loop differently, so a floating-point objective may
+        differ in its last bits from one step per call, and a Metropolis decision that hinges on
+        them may differ too: compare searches at the same ``steps_per_call``.
       progress: optional callable given ``(steps taken, steps)`` when the steps start (after the
         first evaluation, which compiles) and as they complete (every :data:`DISPATCH_AHEAD` calls
         and at the end), e.g. to advance a progress bar; the result does not depend on it.
