@@ -56,6 +56,19 @@ def plain_shape(shape: SimShape) -> SimShape:
     return shape._replace(mbkr=MBKRMode.OFF)
 
 
+def leaf_axes(axes) -> tuple:
+    """``axes`` (a :class:`Point` of 0 / None) as a tuple in leaf order, None kept."""
+    return tuple(jax.tree_util.tree_leaves(axes, is_leaf=lambda x: x is None))
+
+
+def join_point(treedef, axes_leaves: tuple, rows: Sequence, shared: Sequence) -> Point:
+    """The :class:`Point` whose batched leaves are ``rows`` and shared leaves ``shared``, each in
+    ``axes_leaves`` order (the inverse of splitting a point's leaves by their axis)."""
+    it_rows, it_shared = iter(rows), iter(shared)
+    return jax.tree_util.tree_unflatten(treedef, [next(it_shared) if ax is None else next(it_rows)
+                                                  for ax in axes_leaves])
+
+
 def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = ALL_FIELDS) -> dict:
     """:func:`evaluate_vmapped`, running the spill passes only on the configurations that do not fit
     without them, a compaction step at a time (:func:`spill_compacted`).  Traceable (the B' search of
@@ -63,14 +76,12 @@ def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = 
     if not spills_needed(shape):
         return evaluate_vmapped(points, shape, axes, fields)
     leaves, treedef = jax.tree_util.tree_flatten(points)
-    batched = tuple(ax is not None for ax in jax.tree_util.tree_leaves(axes, is_leaf=lambda x: x is None))
-    rows = [x for x, b in zip(leaves, batched) if b]
+    axes_leaves = leaf_axes(axes)
+    rows = [x for x, ax in zip(leaves, axes_leaves) if ax is not None]
+    shared = [x for x, ax in zip(leaves, axes_leaves) if ax is None]
     P = rows[0].shape[0]
-
-    def run(block_rows, sh):
-        it = iter(block_rows)
-        pts = jax.tree_util.tree_unflatten(treedef, [next(it) if b else x for x, b in zip(leaves, batched)])
-        return evaluate_vmapped(pts, sh, axes, tuple(fields) + ("feasible",))
+    run = lambda block_rows, sh: evaluate_vmapped(join_point(treedef, axes_leaves, block_rows, shared), sh, axes,
+                                                  tuple(fields) + ("feasible",))
 
     plain = run(rows, plain_shape(shape))
     out = spill_compacted(rows, plain["feasible"], plain, lambda r: run(r, shape), compaction_step(shape, P))
@@ -156,11 +167,7 @@ def evaluate_steps(batched: list, shared: list, treedef, axes_leaves: tuple, sha
     ``batched`` / ``shared``: the block's leaves with and without the configuration axis, in
     ``axes_leaves`` order."""
     axes = jax.tree_util.tree_unflatten(treedef, axes_leaves)
-
-    def run(rows, evaluate_fn, sh, fs):
-        it_rows, it_shared = iter(rows), iter(shared)
-        leaves = [next(it_shared) if ax is None else next(it_rows) for ax in axes_leaves]
-        return evaluate_fn(jax.tree_util.tree_unflatten(treedef, leaves), sh, axes, fs)
+    run = lambda rows, evaluate_fn, sh, fs: evaluate_fn(join_point(treedef, axes_leaves, rows, shared), sh, axes, fs)
 
     if batched[0].shape[0] <= step:
         return run(batched, evaluate_many, shape, fields)
@@ -246,8 +253,9 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
     nd = len(local)
     step = min(step_size(shape), size // nd)
     size = -(-size // (step * nd)) * step * nd
-    leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda x: x is None)
-    program, rows, shared = _program(shape, tuple(fields), tuple(leaves), treedef, tuple(local), step)
+    leaves = leaf_axes(axes)
+    treedef = jax.tree_util.tree_structure(axes, is_leaf=lambda x: x is None)
+    program, rows, shared = _program(shape, tuple(fields), leaves, treedef, tuple(local), step)
     flat_points = jax.tree_util.tree_leaves(points)
     shared_leaves = [np.asarray(x) for x, ax in zip(flat_points, leaves) if ax is None]
     if shared is not None:
