@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mocap_jax.cli import main
+from mocap_jax.cli.wsc_explore import bench_explore
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import baselines as bl
 from mocap_jax.wsc import explore as ex
@@ -41,11 +42,22 @@ def test_template_points():
 PROGRESS = []
 
 
+def small_sweep() -> ex.Sweep:
+    hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
+    return ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
+
+
 @pytest.fixture(scope="module")
 def explored():
-    hw = ex.template_points(((4, 4),), dram_gb=(32, 64), d2d_tbps=(1.5, 2.5))
-    sweep = ex.Sweep(("llama2-7b",), ("azure-code", "azure-conv"), (1.0, 2.0), tuple(hw), requests=40, seed=1)
-    return ex.explore(sweep, CONFIG, progress=lambda done, total: PROGRESS.append((done, total)))
+    return ex.explore(small_sweep(), CONFIG, progress=lambda done, total: PROGRESS.append((done, total)))
+
+
+def test_bench_explore_reports_progress_across_its_runs(explored):
+    seen = []
+    r = bench_explore(small_sweep(), CONFIG, repeat=2, progress=lambda done, total: seen.append((done, total)))
+    assert len(r["runs"]) == 2 and r["points"] == explored.timing["points"] == 16
+    assert {total for _, total in seen} == {32} and seen[-1] == (32, 32) and (16, 32) in seen
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
 
 
 def test_explore_rows_best_and_csv(explored, tmp_path):

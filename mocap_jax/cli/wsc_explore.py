@@ -200,12 +200,15 @@ def cmd_robustness(args) -> int:
     return 0
 
 
-def bench_explore(sweep: ex.Sweep, config, repeat: int = 1) -> dict:
-    """Wall time of the exploration (set-up, compilation and simulation), against the recorded 140 s."""
+def bench_explore(sweep: ex.Sweep, config, repeat: int = 1, progress=None) -> dict:
+    """Wall time of the exploration (set-up, compilation and simulation), against the recorded 140 s.
+    ``progress``: optional callable given ``(points done, points)`` over all runs."""
     runs = []
-    for _ in range(checks.integer("repeat", repeat, 1)):
+    repeat = checks.integer("repeat", repeat, 1)
+    for i in range(repeat):
         t0 = time.perf_counter()
-        res = ex.explore(sweep, config)
+        run_progress = None if progress is None else (lambda done, total, i=i: progress(i * total + done, repeat * total))
+        res = ex.explore(sweep, config, progress=run_progress)
         runs.append(dict(res.timing, wall_s=time.perf_counter() - t0))
     best = min(r["wall_s"] for r in runs)
     return {"benchmark": "wsc-explore", "points": runs[0]["points"], "simulated_requests": runs[0]["simulated_requests"],
@@ -215,7 +218,9 @@ def bench_explore(sweep: ex.Sweep, config, repeat: int = 1) -> dict:
 
 def cmd_bench_explore(args) -> int:
     config = serving_config(args)
-    res = bench_explore(sweep_from_args(args), config, args.repeat)
+    sweep = sweep_from_args(args)
+    with progress_bar("simulating design points", "point", args.quiet) as advance:
+        res = bench_explore(sweep, config, args.repeat, progress=advance)
     if args.json:
         emit_json(res)
         return 0
@@ -271,6 +276,7 @@ def register_explore(sub, bench_sub) -> None:
     be = bench_sub.add_parser("wsc-explore", help="WSC-LLM design-space exploration: wall time of the whole sweep")
     sweep_args(be)
     be.add_argument("--repeat", type=int, default=1, help="runs (the fastest is reported; default 1)")
+    be.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     serving_args(be, requests=None)
     be.set_defaults(func=cmd_bench_explore)
 
