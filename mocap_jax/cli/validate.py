@@ -129,8 +129,11 @@ def cmd_validate(args) -> int:
 
     import jax
 
-    from ..validation.agreement import run_reference_agreement
+    from ..validation.agreement import check_configs, run_reference_agreement
     from ..validation.agreement_mbkr import run_mbkr_agreement
+
+    check_configs("--configs", args.configs)
+    check_configs("--mbkr-configs", args.mbkr_configs, 0)
 
     calibration = {"available": False, "reason": "skipped (--no-calibration)"} if args.no_calibration \
         else calibration_check("small")

@@ -41,6 +41,9 @@ LIMITS = {
     "num_batches": 256,
     # requests in a serving simulation (one array slot each)
     "requests": 2 ** 20,
+    # configurations of a check against the event-driven reference: it runs each one in Python,
+    # milliseconds apiece (about 7 ms on a 2-core CPU), so this bound is about two hours
+    "reference_configs": 2 ** 20,
     # annealing chains of one search: each is an array row of every step's evaluations (about
     # 5 KB in the MBKR objective, so about 5 GB at this bound)
     "chains": 2 ** 20,

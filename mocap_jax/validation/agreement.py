@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..specs import get_hardware, get_model
+from ..specs import LIMITS, checks, get_hardware, get_model
 from .reference import reference_run
 from .reference.items import scheme_groups
 from .reference.spill import MBKRSettings
@@ -196,8 +196,17 @@ def sample_config(rng: np.random.Generator, models=AGREEMENT_MODELS, meshes=AGRE
     return AgreementConfig(scheme="mbkr" if kind == "mbkr" else "terapipe", partition=partition, **common)
 
 
+def check_configs(name: str, n: Any, lo: int = 1) -> int:
+    """``n`` configurations to run through the event-driven reference, as an int in
+    ``[lo, LIMITS["reference_configs"]]``."""
+    return checks.integer(name, n, lo, LIMITS["reference_configs"],
+                          hint=" The reference takes milliseconds per configuration; split a larger check into "
+                               "runs with different seeds.")
+
+
 def sample_configs(n: int, seed: int = 0, **kw) -> list[AgreementConfig]:
     """``n`` configurations from a seeded generator (same seed, same list)."""
+    n = check_configs("configs", n)
     rng = np.random.default_rng(seed)
     return [sample_config(rng, **kw) for _ in range(n)]
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..specs import get_hardware, get_model
-from .agreement import AGREEMENT_MODELS, AgreementConfig, check_dtype, reference, weights_fit
+from .agreement import AGREEMENT_MODELS, AgreementConfig, check_configs, check_dtype, reference, weights_fit
 
 #: the approximation the array program's MBKR promises against the reference (relative)
 TARGET_MEAN = 0.01
@@ -120,6 +120,7 @@ def sample_mbkr_configs(n: int, seed: int = 0, group_size: int = 10, programs: i
     """
     from .agreement import random_partition
 
+    n = check_configs("configs", n)
     rng = np.random.default_rng(seed)
     progs = draw_programs(rng, programs, buckets)
     out: list[tuple[Program, list]] = []

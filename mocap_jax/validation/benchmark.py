@@ -47,7 +47,7 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
     from ..prefill.batch import block_devices
     from .reference import reference_simulate
 
-    configs = checks.integer("configs", configs, 1, LIMITS["requests"])
+    configs = checks.integer("configs", configs, 1, LIMITS["reference_configs"])
     chunks = checks.integer("chunks", chunks, 1, 1024)
     repeats = checks.integer("repeats", repeats, 1, 1000)
     if dtype not in ("float32", "float64"):
