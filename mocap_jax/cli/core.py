@@ -61,9 +61,9 @@ def format_result(r: api.SimResult) -> str:
              f"  KV release         {r.release}; {r.num_batches} batch(es) simulated", ""]
     rows = [{"stage": s, "die": int(np.ravel(r.placement[s])[0]), "weights": r.weight_bytes_per_stage[s] / 1e9,
              "kv": r.kv_peak_bytes_per_stage[s] / 1e9, "peak": r.peak_mem_bytes_per_stage[s] / 1e9,
-             "usable": r.capacity_bytes / 1e9, "util": 100 * r.stage_utilisation[s]} for s in range(r.num_stages)]
+             "usable": r.capacity_bytes / 1e9, "busy": 100 * r.stage_utilisation[s]} for s in range(r.num_stages)]
     lines.append(table(rows, [("stage", "stage"), ("die", "die"), ("weights", "weights GB"), ("kv", "KV peak GB"),
-                              ("peak", "peak GB"), ("usable", "usable GB"), ("util", "util %")]))
+                              ("peak", "peak GB"), ("usable", "usable GB"), ("busy", "busy % of period")]))
     for k, v in r.extra.items():
         if k != "items_per_batch" and not isinstance(v, (list, np.ndarray, dict)):
             lines.append(f"  {k:<22} {fmt(v, digits=6)}")
