@@ -13,6 +13,7 @@ from mocap_jax.costs import HardwareParams, ModelParams, StageLayout
 from mocap_jax.partition.dp import check_granularity, chunk_cost_matrix, proxy_dp, proxy_objective, terapipe_dp
 from mocap_jax.partition.objectives import PartitionContext, PartitionProblem
 from mocap_jax.partition.plan import PlanSettings, plan_partition
+from mocap_jax.search import anneal as anneal_module
 from mocap_jax.search.anneal import anneal, evaluate_states
 from mocap_jax.specs import SpecError, get_hardware, get_model
 
@@ -129,7 +130,7 @@ def test_own_batch_search_is_exact():
         np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect)
 
 
-def test_annealing_is_deterministic_and_independent_of_the_device_split():
+def test_annealing_is_deterministic_and_independent_of_the_device_split(monkeypatch):
     rng = np.random.default_rng(9)
     cfg, problem, ctx, U, g = _instance(0, rng)
     x0 = np.broadcast_to(compositions(U, 3)[0], (16, 3))
@@ -144,6 +145,12 @@ def test_annealing_is_deterministic_and_independent_of_the_device_split():
     d = anneal(problem, ctx, x0, 3, steps=40, devices=1, progress=lambda done, total: reports.append((done, total)))
     np.testing.assert_array_equal(a.chain_best, d.chain_best)
     assert reports == [(0, 40), (8, 40), (16, 40), (24, 40), (32, 40), (40, 40)]
+    # the first report comes before the first evaluation, which compiles: a bar shows while it does
+    events = []
+    first_step = anneal_module._first_step
+    monkeypatch.setattr(anneal_module, "_first_step", lambda *a: (events.append("first evaluation"), first_step(*a))[1])
+    anneal(problem, ctx, x0, 3, steps=8, devices=1, progress=lambda done, total: events.append((done, total)))
+    assert events == [(0, 8), "first evaluation", (8, 8)]
 
 
 def test_plan_is_never_worse_than_its_starts_and_searches_the_chunk_count():

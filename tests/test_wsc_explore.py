@@ -15,6 +15,7 @@ from mocap_jax.wsc import explore as ex
 from mocap_jax.wsc import figures as fg
 from mocap_jax.wsc import ranking as rk
 from mocap_jax.wsc import robustness as rb
+from mocap_jax.wsc import serving as sv
 from mocap_jax.wsc import setup as su
 
 CONFIG = su.ServingConfig(max_batch=32)
@@ -52,10 +53,15 @@ def explored():
     return ex.explore(small_sweep(), CONFIG, progress=lambda done, total: PROGRESS.append((done, total)))
 
 
-def test_bench_explore_reports_progress_across_its_runs(explored):
-    seen = []
-    r = bench_explore(small_sweep(), CONFIG, repeat=2, progress=lambda done, total: seen.append((done, total)))
+def test_bench_explore_reports_progress_across_its_runs(explored, monkeypatch):
+    events = []
+    pool = sv._LanePool
+    monkeypatch.setattr(sv, "_LanePool", lambda *a: (events.append("compile"), pool(*a))[1])
+    r = bench_explore(small_sweep(), CONFIG, repeat=2, progress=lambda done, total: events.append((done, total)))
     assert len(r["runs"]) == 2 and r["points"] == explored.timing["points"] == 16
+    # each run reports before its program compiles (a bar shows meanwhile); one count over both runs
+    assert events[:2] == [(0, 32), "compile"] and events.count("compile") == 2
+    seen = [e for e in events if e != "compile"]
     assert {total for _, total in seen} == {32} and seen[-1] == (32, 32) and (16, 32) in seen
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
 

@@ -257,9 +257,10 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
         compiles the objective inside the loop differently, so a floating-point objective may
         differ in its last bits from one step per call, and a Metropolis decision that hinges on
         them may differ too: compare searches at the same ``steps_per_call``.
-      progress: optional callable given ``(steps taken, steps)`` when the steps start (after the
-        first evaluation, which compiles) and as they complete (every :data:`DISPATCH_AHEAD` calls
-        and at the end), e.g. to advance a progress bar; the result does not depend on it.
+      progress: optional callable given ``(steps taken, steps)`` once the inputs are checked (before
+        the first evaluation, which compiles, so a bar shows while it does) and as the steps complete
+        (every :data:`DISPATCH_AHEAD` calls and at the end), e.g. to advance a progress bar; the
+        result does not depend on it.
 
     Returns:
       :class:`AnnealResult` (objective in the problem's units, ``inf`` if nothing feasible was found).
@@ -269,6 +270,9 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     if steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} must divide steps={steps}")
     aux = np.asarray(problem.initial_aux(ctx, C), np.int32)
+    chain_devices(C, devices)
+    if progress is not None:
+        progress(0, steps)
     # the first step evaluates the starting states (objectives relative to 1), which fix the reference
     chains, run = _first_step(problem, x0, aux, ctx, seed, devices, steps_per_call)
     stepped, put, rows, shared = run.stepped, run.put, run.rows, run.shared
@@ -283,8 +287,6 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     # the step loop runs in Python around one compiled program (objectives that loop internally ran
     # several times slower nested inside an XLA while loop on CPU); dispatch runs a few steps ahead
     calls = steps // steps_per_call
-    if progress is not None:
-        progress(0, steps)
     for i in range(calls):
         chains = stepped(chains, run.seed, cooling, run.ctx, many)
         if (i + 1) % DISPATCH_AHEAD == 0 or i + 1 == calls:

@@ -273,8 +273,8 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
       chunk_steps: scan length between host checks for finished lanes.
       keep_raw: keep the raw per-request times in each result.
       shard: split the lanes over the local devices when their number divides evenly.
-      progress: optional callable given ``(points done, points)`` once the program is compiled and
-        as points finish (infeasible set-ups count as done from the start).
+      progress: optional callable given ``(points done, points)`` before the program compiles (so a bar
+        shows while it does) and as points finish (infeasible set-ups count as done from the start).
     """
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
         raise SpecError("float64 needs jax_enable_x64: call jax.config.update('jax_enable_x64', True) first")
@@ -295,12 +295,12 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
         ndev = len(jax.local_devices()) if shard else 1
         width = min(len(idx), 32) if batch_size is None else checks.integer("batch_size", batch_size)
         width = -(-width // ndev) * ndev if width >= ndev else width
-        pool = _LanePool([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in idx], shape, width,
-                         chunk_steps, shard)
-        compile_s = pool.compile_s
         done = len(points) - len(idx)
         if progress is not None:
             progress(done, len(points))
+        pool = _LanePool([pack_inputs(points[k][0], points[k][1], shape, dtype) for k in idx], shape, width,
+                         chunk_steps, shard)
+        compile_s = pool.compile_s
         while pool.active():
             finished = pool.run()
             for _, j, row in finished:
