@@ -11,7 +11,8 @@ so its output drowned in them.
 :func:`install` routes the process's standard error (file descriptor 2, which XLA's C++ log writes
 to) through a child process running this file, which drops exactly those lines -- the same message
 naming any other feature still shows -- and passes everything else through as it arrives (partial
-lines too, so progress bars keep moving).  A separate process rather than a thread: if this
+lines too, so progress bars keep moving; a false alarm written after a bar's unfinished line is
+dropped from it).  A separate process rather than a thread: if this
 process dies, the child still receives everything written before and writes it out.  It ignores
 terminal signals (its own session), so Ctrl-C reaches only the command.
 
@@ -29,6 +30,9 @@ import sys
 #: the two tuning preferences
 NOISE = re.compile(rb"E\d{4} [0-9:.]+ +\d+ cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. "
                    rb"Target machine feature \+prefer-no-(?:gather|scatter) is not ")
+#: the start of a log line that may still become a false alarm (anchored at the end of the text seen so
+#: far): ``E``, its date, time and thread, then anything up to the line's end
+MAYBE_NOISE = re.compile(rb"E(?:\d{0,4}|\d{4} [0-9:. ]*|\d{4} [0-9:.]+ +\d+ [^\r\n]*)\Z")
 #: an unfinished line that may become a false alarm is held back until its end, up to this many bytes
 HOLD_BYTES = 1 << 16
 #: where a line ends: a newline, or a carriage return (a progress bar redraws its line after one)
@@ -36,35 +40,36 @@ LINE_END = re.compile(rb"[\r\n]")
 
 
 class LineFilter:
-    """Drops :data:`NOISE` lines from a byte stream fed in arbitrary pieces."""
+    """Drops :data:`NOISE` lines from a byte stream fed in arbitrary pieces.
+
+    A false alarm usually starts a line, but it may also follow a progress bar's unfinished text
+    (a bar draws ``\r`` and its text, and XLA's log writes after it): it is dropped there too, and
+    the bar's text kept.  Everything that cannot be the start of one goes out at once, so a bar
+    keeps moving.
+    """
 
     def __init__(self):
-        self.pending = b""         # the start of an unfinished line that may become a false alarm
-        self.passing = False       # the unfinished line cannot be one: the rest of it goes out as it comes
+        self.pending = b""         # the unfinished end of a line that may become a false alarm
 
     def feed(self, data: bytes) -> bytes:
         """What to write now of ``data`` (and of what was held back before it)."""
-        out = []
-        if self.passing:
-            end = LINE_END.search(data)
-            if end is None:
-                return data
-            out.append(data[:end.end()])
-            data, self.passing = data[end.end():], False
         data = self.pending + data
-        start = 0
+        out, start = [], 0
         while (end := LINE_END.search(data, start)) is not None:
             line = data[start:end.end()]
-            if not NOISE.match(line):
-                out.append(line)
+            noise = NOISE.search(line)
+            out.append(line if noise is None else line[:noise.start()])
             start = end.end()
         tail = data[start:]
-        # only a log line (``E`` first) can become a false alarm: anything else goes out at once
-        held = tail.startswith(b"E") and len(tail) < HOLD_BYTES
-        self.pending = tail if held else b""
-        if tail and not held:
-            out.append(tail)
-            self.passing = True
+        held = len(tail)
+        at = tail.find(b"E")
+        while at >= 0:
+            if len(tail) - at < HOLD_BYTES and MAYBE_NOISE.match(tail, at):
+                held = at
+                break
+            at = tail.find(b"E", at + 1)
+        out.append(tail[:held])
+        self.pending = tail[held:]
         return b"".join(out)
 
     def close(self) -> bytes:
