@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ..specs import get_model
@@ -45,20 +46,26 @@ def cmd_claims(args) -> int:
         from ..study.compare import compare
         from ..study.reproduce import _settings
 
-        rows, lengths_of = [], {}
-        for model in cfg.models:
-            lengths, _ = study_lengths(model, cfg)
-            lengths_of[model] = tuple(lengths)
+        t0 = time.perf_counter()
+        stamp = lambda: f"[{time.perf_counter() - t0:6.1f}s]"
+        log = lambda m: progress(m, args.quiet)
+        lengths_of = {model: tuple(study_lengths(model, cfg)[0]) for model in cfg.models}
+        count = sum(len(v) for v in lengths_of.values())
+        why = "" if args.run else f"{path} not found (mocap-jax reproduce writes it), so "
+        log(f"claims: {why}{count} comparisons run now ({', '.join(cfg.models)}), then the claims"
+            + ("" if args.no_sensitivity else " and their sensitivity (--no-sensitivity skips it)"))
+        rows = []
+        for model, lengths in lengths_of.items():
             for S in lengths:
                 out = compare(model, cfg.hardware, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"),
                               settings=_settings(cfg, S))
                 rows += [{"model": model, "seq_len": S, "load_rps": out["load_rps"], **r} for r in out["schemes"]]
-                progress(f"claims: {model} S = {S:,} compared", args.quiet)
+                log(f"{stamp()} claims: {model} S = {S:,} compared")
         out_dir.mkdir(parents=True, exist_ok=True)
         rows_path = out_dir / "claims_rows.csv"
         write_csv(rows_path, rows)
-        progress(f"claims: comparison rows written to {rows_path}", args.quiet)
-        ledger, _ = run_claims(cfg, rows, lengths_of, log=lambda m: progress(m, args.quiet))
+        log(f"{stamp()} claims: comparison rows written to {rows_path}")
+        ledger, _ = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp)
         if not args.no_sensitivity:
             claims.plot_sensitivity(ledger, Path(args.figures) / "claims_sensitivity.png")
         source = "computed now"
