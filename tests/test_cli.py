@@ -261,3 +261,16 @@ def test_stderr_filter_installed_in_a_process_filters_its_file_descriptor_2():
               "print('after', file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stderr == "before\nkept\nafter\n", p.stderr
+
+
+def test_top_level_help_names_every_benchmark():
+    import argparse
+
+    from mocap_jax.cli import build_parser
+
+    subcommands = lambda p: next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
+    parser = build_parser()
+    targets = subcommands(subcommands(parser)["bench"])
+    text = " ".join(parser.format_help().split())
+    listed = text.split("benchmarks (commands, not tests):")[1].split(" simulate ")[0]
+    assert {t.strip() for t in listed.split(",")} == set(targets)

@@ -30,7 +30,8 @@ COMMAND_MODULES = (
 
 def _bench_parser(sub):
     """The shared ``bench`` command; benchmark modules add their targets to it."""
-    bench = sub.add_parser("bench", help="benchmarks (commands, not tests): pipeline, anneal, reference, sweep")
+    bench = sub.add_parser("bench", help="benchmarks (commands, not tests): pipeline, anneal, reference, peer, sweep, "
+                                         "wsc-partition, wsc-serving, wsc-explore")
     return bench.add_subparsers(dest="bench_target", metavar="TARGET", required=True, parser_class=Parser)
 
 
