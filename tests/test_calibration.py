@@ -1,4 +1,4 @@
-"""Calibration of the §4 cost model against measured chunked prefill (DESIGN §9.2)."""
+"""Calibration of the cost model (docs/cost_model.md) against measured chunked prefill (`mocap-jax calibrate`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from mocap_jax.specs import mesh
 from mocap_jax.specs import (HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, SpecError, get_hardware, get_model,
                              mocap_wafer)
 
-# DESIGN §3: published totals (and active parameters for MoE models)
+# published parameter totals of the model cards (and active parameters for MoE models)
 PUBLISHED = {
     "llama3-70b": (70.6e9, None),
     "mistral-large-123b": (122.6e9, None),
