@@ -12,7 +12,7 @@ from mocap_jax.cli import main
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import memory as mem
 from mocap_jax.wsc import reference as ref
-from mocap_jax.wsc.metrics import agreement
+from mocap_jax.wsc.metrics import agreement, check_clock
 from mocap_jax.wsc import serving as sv
 from mocap_jax.wsc import serving_inputs as si
 from mocap_jax.wsc import setup as su
@@ -116,13 +116,27 @@ def test_a_clock_too_coarse_for_the_latencies_is_refused(setup):
     ok32, ok64 = _run(setup, seed=4, n=30, load=0.01), _run(setup, seed=4, n=30, load=0.01, dtype=jnp.float64)
     for k in ("ttft_p50", "tpot_p50", "e2e_p50"):
         assert ok32.metrics[k] == pytest.approx(ok64.metrics[k], rel=1e-3)
-    with pytest.raises(SpecError, match="float32 resolves time only to .* too coarse for its median time per"):
+    with pytest.raises(SpecError, match=r"float32 resolves time only to .* too coarse to measure its latencies "
+                                        r"\(its median time per output token comes out as 0 ms\)"):
         _run(setup, seed=4, n=30, load=1e-7)
     fine = _run(setup, seed=4, n=30, load=1e-7, dtype=jnp.float64)
     for k in ("ttft_p50", "tpot_p50"):
         assert fine.metrics[k] == pytest.approx(ok64.metrics[k], rel=0.05)
     with pytest.raises(SpecError, match="rate = 1e-300 is below the smallest accepted value, 1e-12"):
         synthetic_trace("conv", 30, 1e-300)
+
+
+def test_the_clock_refusal_quotes_a_latency_the_coarse_clock_made_negative_as_such():
+    trace = synthetic_trace("conv", 2, 1.0)
+    late = 2.1e7 - float(trace.arrival_s[0])          # float32's spacing there is 2 s
+    metrics = {"tpot_p50": math.nan, "ttft_p50": -0.0121, "makespan_s": late}
+    with pytest.raises(SpecError, match=r"too coarse to measure its latencies \(its median time to first token "
+                                        r"comes out as -12.1 ms\)"):
+        check_clock(trace, metrics, np.float32, "point")
+    metrics["ttft_p50"] = 0.5
+    with pytest.raises(SpecError, match="too coarse for its median time to first token of 500 ms, which the clock"):
+        check_clock(trace, metrics, np.float32, "point")
+    check_clock(trace, metrics, np.float64, "point")
 
 
 def test_serve_cli_json_and_table(capsys):

@@ -114,11 +114,14 @@ def check_clock(trace: Trace, metrics: dict[str, Any], dtype, label: str) -> Non
     dtype = np.dtype(dtype)
     spacing = float(np.spacing(np.abs(np.asarray(end, dtype))))
     if spacing > CLOCK_RESOLUTION * shortest:
+        # so coarse a clock may even make a latency negative: then that is what the message says
+        what = (f"too coarse for its median {name} of {shortest * 1e3:.3g} ms, which the clock must resolve to "
+                f"{CLOCK_RESOLUTION:.0%}" if shortest > 0 else
+                f"too coarse to measure its latencies (its median {name} comes out as {shortest * 1e3:.3g} ms)")
         raise SpecError(
             f"{label}: {len(trace)} requests at {trace.rate:.3g} req/s run to t = {end:.4g} s, where {dtype} "
-            f"resolves time only to {spacing:.3g} s, too coarse for its median {name} of {shortest * 1e3:.3g} ms, "
-            f"which the clock must resolve to {CLOCK_RESOLUTION:.0%}; use float64 (--dtype float64 on the command "
-            f"line), a higher rate or fewer requests")
+            f"resolves time only to {spacing:.3g} s, {what}; use float64 (--dtype float64 on the command line), "
+            f"a higher rate or fewer requests")
 
 
 @dataclass
