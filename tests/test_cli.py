@@ -89,6 +89,8 @@ BAD = [
     (["validate", "--configs", "1000000000", "--no-calibration"], "--configs = 1000000000 exceeds"),
     (["validate", "--mbkr-configs", "1000000000", "--no-calibration"], "--mbkr-configs = 1000000000 exceeds"),
     (["bench", "reference", "--configs", "1000000000"], "configs = 1000000000 exceeds"),
+    (["bench", "pipeline", "--repeats", "1000000000"], "repeats = 1000000000 exceeds the largest value accepted"),
+    (["wsc-llm", "place", "--steps", "1000000000000"], "--steps = 1000000000000 exceeds the largest value"),
     (["placement", "--seed", "2147483648"], "expected a seed"),
     (["compare", "--schemes", "gpipe,gpipe"], "each scheme once"),
     (["claims", "--run", "--models", "llama3-70b,bogus", "--no-sensitivity"], "unknown model 'bogus'"),

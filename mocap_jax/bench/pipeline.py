@@ -9,6 +9,7 @@ import numpy as np
 
 from ..api.batch import simulate_batch
 from ..api.search import max_feasible_batch
+from ..specs import LIMITS, checks
 
 #: what the benchmark returns per point: the full evaluation's summary (times, memory, feasibility)
 FIELDS = ("prefill_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
@@ -35,6 +36,7 @@ def bench_pipeline(model: str = "llama3-70b", hardware: str = "mocap-4x4", seq_l
     ``batch`` defaults to 1 for TeraPipe and, for MBKR, to the largest batch the uniform partition
     fits without MBKR plus 10% (so most points spill and run the MBKR passes).
     """
+    repeats = checks.integer("repeats", repeats, 1, LIMITS["repeats"])
     rng = np.random.default_rng(seed)
     parts = random_partitions(rng, points, seq_len, chunks)
     if batch is None:

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ..specs import SpecError
+from ..specs import LIMITS, SpecError, checks
 from ..wsc import memory as mem
 from ..wsc import memory_optimal as mopt
 from ..wsc import memory_sim as msim
@@ -108,9 +108,8 @@ def cmd_place(args) -> int:
     if not math.isfinite(args.alpha) or args.alpha < 1:
         raise SpecError(f"--alpha must be >= 1 (the cost factor per extra use of a shared link), got {args.alpha:g}")
     alphas = _parse_alphas(args.alphas)
-    for name in ("random_samples", "chains", "steps"):
-        if getattr(args, name) < 1:
-            raise SpecError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    for name, hi in (("random_samples", None), ("chains", LIMITS["chains"]), ("steps", LIMITS["steps"])):
+        checks.integer(f"--{name.replace('_', '-')}", getattr(args, name), 1, hi)
     if args.figure:
         check_figure_file(args.figure)
     model, wafer, workload, strategies = offline_setup(args)

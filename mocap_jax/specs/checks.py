@@ -44,6 +44,8 @@ LIMITS = {
     # configurations of a check against the event-driven reference: it runs each one in Python,
     # milliseconds apiece (about 7 ms on a 2-core CPU), so this bound is about two hours
     "reference_configs": 2 ** 20,
+    # timed repetitions of a benchmark, each a full run of it
+    "repeats": 1000,
     # annealing chains of one search: each is an array row of every step's evaluations (about
     # 5 KB in the MBKR objective, so about 5 GB at this bound)
     "chains": 2 ** 20,
@@ -103,7 +105,7 @@ def integer(name: str, v: Any, lo: int = 1, hi: int | None = None, hint: str = "
         what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
         raise SpecError(f"{name} must be {what}, got {v}.{hint}")
     if hi is not None and v > hi:
-        raise SpecError(f"{name} = {v} exceeds the largest value the simulator represents, {hi:,}.{hint}")
+        raise SpecError(f"{name} = {v} exceeds the largest value accepted, {hi:,}.{hint}")
     return v
 
 
@@ -191,5 +193,5 @@ def integers(name: str, values: Any, lo: int = 1, hi: int | None = None):
     if arr.size and int(arr.min()) < lo:
         raise SpecError(f"{name} must hold integers >= {lo}, got {int(arr.min())}")
     if hi is not None and arr.size and int(arr.max()) > hi:
-        raise SpecError(f"{name} holds {int(arr.max()):,}, above the largest value the simulator represents, {hi:,}")
+        raise SpecError(f"{name} holds {int(arr.max()):,}, above the largest value accepted, {hi:,}")
     return arr

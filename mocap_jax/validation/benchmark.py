@@ -49,7 +49,7 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
 
     configs = checks.integer("configs", configs, 1, LIMITS["reference_configs"])
     chunks = checks.integer("chunks", chunks, 1, 1024)
-    repeats = checks.integer("repeats", repeats, 1, 1000)
+    repeats = checks.integer("repeats", repeats, 1, LIMITS["repeats"])
     if dtype not in ("float32", "float64"):
         raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     pts = bench_configs(configs, seed, chunks)

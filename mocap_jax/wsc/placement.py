@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..search.anneal import anneal
-from ..specs import SpecError
+from ..specs import LIMITS, SpecError, checks
 from .geometry import hop_matrix, route_incidence
 from .hardware import WaferSpec
 from .layout import KINDS, Instance, Layout, check_alpha, check_mesh, check_request, enumerate_layouts, pack_instances
@@ -264,9 +264,8 @@ def anneal_placements(wafer: WaferSpec, starts: Sequence[Layout], alphas: Sequen
         raise SpecError("give one start layout per alpha (and at least one alpha)")
     for a in alphas:
         check_alpha(a)
-    for name, v in (("chains", chains), ("steps", steps)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise SpecError(f"{name} must be a positive integer, got {v!r}")
+    chains = checks.integer("chains", chains, 1, LIMITS["chains"])
+    steps = checks.integer("steps", steps, 1, LIMITS["steps"])
     if not (t_start > 0 and t_end > 0):
         raise SpecError(f"annealing temperatures must be positive, got {t_start:g} and {t_end:g}")
     t0 = time.perf_counter()
