@@ -91,6 +91,8 @@ BAD = [
     (["bench", "reference", "--configs", "1000000000"], "configs = 1000000000 exceeds"),
     (["bench", "pipeline", "--repeats", "1000000000"], "repeats = 1000000000 exceeds the largest value accepted"),
     (["wsc-llm", "place", "--steps", "1000000000000"], "--steps = 1000000000000 exceeds the largest value"),
+    (["wsc-llm", "place", "--random-samples", "1000000000000"], "--random-samples = 1000000000000 exceeds"),
+    (["wsc-llm", "memory", "--requests", "1000000000000"], "--requests = 1000000000000 exceeds"),
     (["placement", "--seed", "2147483648"], "expected a seed"),
     (["compare", "--schemes", "gpipe,gpipe"], "each scheme once"),
     (["claims", "--run", "--models", "llama3-70b,bogus", "--no-sensitivity"], "unknown model 'bogus'"),

@@ -18,7 +18,7 @@ from ..wsc import memory_optimal as mopt
 from ..wsc import memory_sim as msim
 from ..wsc import partition as part
 from ..wsc import placement as plc
-from ..wsc.placement_compare import compare_placements
+from ..wsc.placement_compare import MAX_RANDOM_SAMPLES, compare_placements
 from ..wsc.figures_wafer import plot_placement
 from ..wsc.hardware import WAFER_PRESETS
 from .common import check_figure_file, seed
@@ -108,7 +108,8 @@ def cmd_place(args) -> int:
     if not math.isfinite(args.alpha) or args.alpha < 1:
         raise SpecError(f"--alpha must be >= 1 (the cost factor per extra use of a shared link), got {args.alpha:g}")
     alphas = _parse_alphas(args.alphas)
-    for name, hi in (("random_samples", None), ("chains", LIMITS["chains"]), ("steps", LIMITS["steps"])):
+    bounds = (("random_samples", MAX_RANDOM_SAMPLES), ("chains", LIMITS["chains"]), ("steps", LIMITS["steps"]))
+    for name, hi in bounds:
         checks.integer(f"--{name.replace('_', '-')}", getattr(args, name), 1, hi)
     if args.figure:
         check_figure_file(args.figure)
@@ -163,8 +164,7 @@ def cmd_place(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    if args.requests < 1:
-        raise SpecError(f"--requests must be a positive integer, got {args.requests}")
+    checks.integer("--requests", args.requests, 1, LIMITS["requests"])
     if args.decode_batch is not None and args.decode_batch < 1:
         raise SpecError(f"--decode-batch must be a positive integer, got {args.decode_batch}")
     if not math.isfinite(args.alpha) or args.alpha < 1:

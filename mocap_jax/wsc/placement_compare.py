@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..specs import SpecError
+from ..specs import SpecError, checks
 from .hardware import WaferSpec
 from .layout import check_alpha, enumerate_layouts
 from .placement import (anneal_placements, decode_centred_placement, exhaustive_placement, random_placement,
@@ -29,6 +29,11 @@ class PlacementComparison:
         return dict(self.__dict__)
 
 
+#: random layouts of one comparison: each is drawn in Python with 50 restarts (about 4 ms on a 2-core
+#: CPU), so this bound is about seven minutes
+MAX_RANDOM_SAMPLES = 100_000
+
+
 def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,
                        alphas: Sequence[float] = (1.0, 1.5, 2.0, 3.0), random_samples: int = 100, chains: int = 32,
                        steps: int = 2000, seed: int = 0, exhaustive_limit: int = 20_000):
@@ -42,6 +47,7 @@ def compare_placements(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_s
     """
     for a in alphas:
         check_alpha(a)
+    random_samples = checks.integer("random_samples", random_samples, 1, MAX_RANDOM_SAMPLES)
     rng = np.random.default_rng(seed)
     randoms = []
     for _ in range(random_samples):
