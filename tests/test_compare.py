@@ -8,7 +8,8 @@ import pytest
 
 import mocap_jax as mj
 from mocap_jax.partition.plan import PlanSettings
-from mocap_jax.study.compare import CompareSettings, compare
+from mocap_jax.specs import SpecError
+from mocap_jax.study.compare import CompareSettings, compare, plan_scheme
 from mocap_jax.study.reproduce import StudyConfig
 
 
@@ -114,3 +115,14 @@ def test_float32_end_to_end_latency_agrees_with_float64_wherever_the_clock_check
             for key in ("e2e_latency_mean_s", "e2e_latency_p50_s", "e2e_latency_p99_s"):
                 assert single["schemes"][0][key] == pytest.approx(exact["schemes"][0][key], rel=5e-4), (fraction, key)
         assert admitted >= 2 and refused >= 1, scheme
+
+
+def test_the_e2e_objective_plans_at_the_load_it_is_given():
+    """Compare and sweeps plan an ``e2e``-objective partition at their load and request count; without a
+    load the objective has nothing to score, and says so."""
+    st = CompareSettings(chunks=4, requests=8, dtype="float64", with_max_seq=False,
+                         plan=PlanSettings(chunks=4, granularity=256, chains=2, steps=2, objective="e2e"))
+    plan = plan_scheme("llama3.1-8b", "mocap-2x2", 4096, "lbcp", st, load=2.0).chose["plan"]
+    assert plan["objective"] == "e2e" and plan["load_rps"] == 2.0
+    with pytest.raises(SpecError, match="the e2e objective .* give a load"):
+        plan_scheme("llama3.1-8b", "mocap-2x2", 4096, "lbcp", st)

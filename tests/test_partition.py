@@ -170,6 +170,7 @@ def test_plan_is_never_worse_than_its_starts_and_searches_the_chunk_count():
     (dict(seq_len=4096, settings=PlanSettings(chunks=32, granularity=256)), "need S >= 8192"),
     (dict(seq_len=5000, settings=PlanSettings(chunks=4, granularity=256)), "does not divide"),
     (dict(seq_len=8192, settings=PlanSettings(chunks=4, granularity=256, objective="e2e")), "load"),
+    (dict(seq_len=8192, load=2.0, settings=PlanSettings(chunks=4, granularity=256)), "the prefill objective does not"),
     (dict(seq_len=8192, batch=0, settings=PlanSettings(chunks=4, granularity=256)), "batch"),
 ])
 def test_plan_bad_input(kw, fragment):

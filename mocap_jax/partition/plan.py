@@ -142,7 +142,14 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
         raise SpecError(f"none of the chunk counts {settings.chunk_counts} fits S / g = {U} units; "
                         f"use a smaller granularity")
     if settings.objective == "e2e":
+        if load is None:
+            raise SpecError("the e2e objective scores a partition by its end-to-end latency at a request rate: "
+                            "give a load (requests/s; --load on the command line)")
         arrivals = arrival_times("poisson", load, requests, settings.seed)
+    elif load is not None:
+        raise SpecError(f"a load ({load!r} requests/s) is the request rate of the e2e objective; the "
+                        f"{settings.objective} objective does not use one: choose objective 'e2e' "
+                        f"(--objective e2e) or leave the load out")
     else:
         arrivals = np.zeros(1)
     use_mbkr = scheme == "mocap"

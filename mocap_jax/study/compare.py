@@ -138,9 +138,10 @@ def _fits_with_items(cfg: Config, items, slots: int) -> bool:
 
 
 def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan: dict | None = None,
-                progress=None) -> SchemePlan:
+                progress=None, load: float | None = None) -> SchemePlan:
     """Choose what ``scheme`` runs (see the module table).  ``progress``: optional callable given
-    ``(annealing steps taken, steps)`` while an ``lbcp`` or ``mocap`` partition is annealed."""
+    ``(annealing steps taken, steps)`` while an ``lbcp`` or ``mocap`` partition is annealed;
+    ``load``: the request rate (requests/s) the ``e2e`` objective scores partitions at."""
     checks.choice("scheme", scheme, ALL_SCHEMES)
     if scheme == "gpipe":
         best = None
@@ -166,7 +167,8 @@ def plan_scheme(model, hardware, S: int, scheme: str, st: CompareSettings, plan:
         return _plan_terapipe(model, hardware, S, st)
     p = plan or plan_partition(model, hardware, S, scheme, settings=st.plan, release=st.release,
                                admission=st.admission, num_batches=st.num_batches, mbkr=st.mbkr, dtype=st.dtype,
-                               tp=st.tp, progress=progress)
+                               tp=st.tp, progress=progress, load=load if st.plan.objective == "e2e" else None,
+                               requests=st.requests)
     part = np.asarray(p["partition"])
     cfg = _base(model, hardware, S, "mbkr" if scheme == "mocap" else "terapipe", st, chunks=None, partition=part)
     B = int(p["batch"])
@@ -325,7 +327,7 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
 
     plans = {}
     for s in schemes:
-        plans[s] = plan_scheme(m, hw, S, s, st, progress=annealing(s) if log is not None else None)
+        plans[s] = plan_scheme(m, hw, S, s, st, progress=annealing(s) if log is not None else None, load=load)
         config = plans[s].config
         note(f"{s}: planned, " + (f"B' = {config.batch}" if config is not None else "nothing fits"))
     if load is None:

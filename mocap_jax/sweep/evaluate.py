@@ -249,7 +249,7 @@ def _outputs_serial(r, dtype: str) -> dict:
                                                                              v["read_overlap"]),
                              dtype=dtype, tp=int(r.tp[j]), with_max_seq=False)
         res = evaluate_scheme(plan_scheme(r.models[int(r.codes["model"][j])], r.hardware(j), v["seq_len"],
-                                          v["scheme"], st), v["load"], st)
+                                          v["scheme"], st, load=v["load"]), v["load"], st)
         ex = res.extra
         rows.append({
             "feasible": bool(res.feasible), "reason": "" if res.feasible else "memory",
