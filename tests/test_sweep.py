@@ -383,3 +383,38 @@ def test_only_the_evaluate_module_calls_the_simulator(imports_of):
         used = modules(importlib.import_module(f"mocap_jax.sweep.{name}")) & simulator
         assert not used, (name, used)
     assert {"prefill", "schedule", "serving", "mbkr", "partition"} <= modules(evaluate)
+
+
+E2E_OBJECTIVE = """
+[sweep]
+impossible = "infeasible"
+[fixed]
+model = "llama3.1-8b"
+hardware = "mocap-2x2"
+scheme = "lbcp"
+seq_len = 8192
+chunks = 4
+batch = "auto"
+granularity = 256
+chains = 2
+steps = 2
+objective = "e2e"
+requests = 16
+[grid]
+load = [50.0]
+[[points]]
+seed = 1
+"""
+
+
+def test_the_e2e_partition_objective_plans_at_the_point_load(tmp_path):
+    from mocap_jax.partition.plan import PlanSettings, plan_partition
+
+    s = sweep.run_sweep(_write(tmp_path, E2E_OBJECTIVE), tmp_path / "o", quiet=True, devices=1)
+    planned, no_load = _rows(s.results)
+    want = plan_partition("llama3.1-8b", "mocap-2x2", 8192, "lbcp", load=50.0, requests=16,
+                          settings=PlanSettings(chunks=4, granularity=256, chains=2, steps=2, objective="e2e"))
+    assert planned["feasible"] == "true" and planned["load_rps"] == "50"
+    assert planned["partition"] == "-".join(str(c) for c in want["partition"])
+    assert planned["batch_used"] == str(want["batch"])
+    assert no_load["feasible"] == "false" and no_load["reason"] == "e2e-load"

@@ -23,7 +23,8 @@ from .config import DIE_FIELDS, SERIAL_SCHEMES
 from .space import Space
 
 REASONS = ("", "stages>dies", "stages>layers", "chunks>seq_len", "granularity", "weights", "p1>p2",
-           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches", "tp-heads", "tp-tiling")
+           "gpipe-load-microbatch", "serial-batch", "serial-stages", "microbatches", "tp-heads", "tp-tiling",
+           "e2e-load")
 HW_KEYS = ("hardware", "rows", "cols", "wafers") + DIE_FIELDS
 #: the keys a point's bucket and impossibility reason are computed from (of the die fields, only
 #: those in the weights check: a stage's weights against hbm_capacity x usable_hbm_fraction)
@@ -188,6 +189,8 @@ class Resolver:
         mark((scheme == "gpipe") & has_load & (micro != 1), "gpipe-load-microbatch")
         mark((scheme == "gpipe") & ~auto & (-(-batch // micro) > LIMITS["chunks"]), "microbatches")
         mark(val("p1") > val("p2"), "p1>p2")
+        e2e = flag("objective", lambda v: v == "e2e")
+        mark(np.isin(scheme, ("lbcp", "mocap")) & e2e & ~has_load, "e2e-load")
         ok = reason == 0
         if ok.any():   # weights per die: per unique (model, hardware combination, stages, tp)
             u, inv = unique_rows([c["model"][ok], hw_inv[ok], stages[ok], tp[ok]])
@@ -238,6 +241,9 @@ class Resolver:
                     f"mesh, a larger tp or a smaller model")
         if code == "p1>p2":
             return f"p1 = {v['p1']} is above p2 = {v['p2']}; MBKR needs p1 <= p2"
+        if code == "e2e-load":
+            return (f"scheme {scheme} with objective = \"e2e\" scores partitions by their end-to-end latency at a "
+                    f"request rate: give it a load (requests/s)")
         if code == "gpipe-load-microbatch":
             return "scheme gpipe with a load (end-to-end latency) needs microbatch = 1"
         if code == "microbatches":
