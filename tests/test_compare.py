@@ -49,6 +49,11 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
 
     text = format_compare(out)
     assert not out["with_max_seq"] and "max S" not in text.splitlines()[2] and "not searched" in text
+    # a B' at the search's upper end is a lower bound of the true one, and the table says so
+    rows = {line.split()[0]: line for line in text.splitlines()[4:] if line.split() and line.split()[0] in by}
+    assert rows.keys() == by.keys() and any(r["batch"] == out["max_batch"] == 8 for r in by.values())
+    for scheme, line in rows.items():
+        assert (f"{by[scheme]['batch']} (cap)" in line) == (by[scheme]["batch"] == 8), line
 
 
 @pytest.mark.parametrize("kw, fragment", [({"chunks": 300}, "chunks"), ({"min_seq_len": 1000}, "multiple of 256"),

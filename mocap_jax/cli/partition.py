@@ -7,7 +7,7 @@ from ..partition.objectives import OBJECTIVES
 from ..partition.plan import PARTITIONED, PlanSettings, plan_partition
 from ..prefill.points import MBKRSettings
 from ..serving.arrivals import ARRIVALS
-from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, compare
+from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, batch_text, compare
 from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, progress,
                      progress_bar, seed, table)
 
@@ -48,8 +48,9 @@ def format_compare(res: dict) -> str:
     lines = [f"{res['model']} on {res['hardware']}{groups}, S = {res['seq_len']:,} tokens, load {res['load_rps']:.4g} req/s "
              f"({res['arrivals']}, {res['requests']} requests, {res['admission']} admission, {res['release']} release)",
              ""]
-    rows = [{**r, "choice": ", ".join(f"{k}={v}" for k, v in r["chose"].items()
-                                      if k in ("chunks", "microbatch", "batch") or (k == "groups" and len(v) < 6))}
+    rows = [{**r, "batch": batch_text(r["batch"], res["max_batch"]),
+             "choice": ", ".join(f"{k}={v}" for k, v in r["chose"].items()
+                                 if k in ("chunks", "microbatch", "batch") or (k == "groups" and len(v) < 6))}
             for r in res["schemes"]]
     max_seq = res.get("with_max_seq", True)       # without the search, max S is not known: no column
     columns = [("scheme", "scheme"), ("batch", "B'"), ("prefill_latency_s", "prefill s"),
@@ -58,7 +59,8 @@ def format_compare(res: dict) -> str:
                ("e2e_mean_vs_terapipe", "E2E/TeraPipe"), ("throughput_vs_gpipe", "thr/GPipe"),
                ("max_seq_len_vs_terapipe", "maxS/TeraPipe"), ("choice", "chose")]
     lines.append(table(rows, [c for c in columns if max_seq or not c[0].startswith("max_seq_len")], digits=4))
-    lines += ["", "B' = the largest batch the scheme's choices admit; sat. = saturation throughput B'/period"
+    lines += ["", "B' = the largest batch the scheme's choices admit (\"(cap)\": the search's upper end, --max-batch, "
+              "so a larger batch may fit too); sat. = saturation throughput B'/period"
               + ("; max S = longest feasible sequence for one request with the scheme's chunk-size fractions."
                  if max_seq else " (max S not searched: --no-max-seq)."),
               f"wall time {res['wall_s']:.1f} s"]

@@ -288,6 +288,11 @@ def evaluate_scheme(plan: SchemePlan, load: float | None, st: CompareSettings) -
         extra=extra)
 
 
+def batch_text(batch: int, max_batch: int) -> str:
+    """B' as tables show it: marked where it is the search's upper end, a lower bound of the true B'."""
+    return f"{batch} (cap)" if batch == max_batch else str(batch)
+
+
 def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes=ALL_SCHEMES,
             settings: CompareSettings | None = None, log=None) -> dict:
     """Every scheme on the same hardware, model, sequence length and load.
@@ -362,6 +367,7 @@ def compare(model, hardware, seq_len: int, *, load: float | None = None, schemes
         rows.append(d)
     return {"model": m.name, "hardware": hw.name, "seq_len": S, "load_rps": load, "requests": st.requests,
             "arrivals": st.arrivals, "chunks": st.chunks, "granularity": st.plan.granularity, "tp": st.tp,
-            "admission": st.admission, "release": st.release, "with_max_seq": st.with_max_seq, "schemes": rows,
+            "admission": st.admission, "release": st.release, "with_max_seq": st.with_max_seq,
+            "max_batch": st.max_batch, "schemes": rows,
             "wall_s": time.perf_counter() - t0,
             "plans": {s: p.chose.get("plan") for s, p in plans.items() if "plan" in p.chose}}

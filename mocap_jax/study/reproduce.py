@@ -27,7 +27,7 @@ from ..api.search import max_feasible_seq_len
 from ..partition.plan import PlanSettings
 from ..specs import LIMITS, STUDY_MODELS, SpecError, checks
 from . import claims
-from .compare import CompareSettings, compare
+from .compare import CompareSettings, batch_text, compare
 
 STUDY_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
 UNITS_PER_SEQUENCE = 256
@@ -124,7 +124,8 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
         for S in lengths:
             out = compare(model, cfg.hardware, S, schemes=cfg.schemes, settings=_settings(cfg, S))
             for r in out["schemes"]:
-                rows.append({"model": model, "hardware": out["hardware"], "seq_len": S, "load_rps": out["load_rps"], **r})
+                rows.append({"model": model, "hardware": out["hardware"], "seq_len": S, "load_rps": out["load_rps"],
+                             "max_batch": out["max_batch"], **r})
             log(f"{stamp()}   S = {S:>9,}: load {out['load_rps']:.3g} req/s, "
                 + ", ".join(f"{r['scheme']} {_s(r['e2e_latency_mean_s'])}" for r in out["schemes"]))
     write_csv(res_dir / "study.csv", rows)
@@ -203,12 +204,14 @@ def summary_table(result: dict) -> str:
     then the claims ledger."""
     from ..cli.common import table
 
-    body = table(result["rows"], [("model", "model"), ("seq_len", "S"), ("scheme", "scheme"), ("batch", "B'"),
+    rows = [{**r, "batch": batch_text(r["batch"], r["max_batch"])} for r in result["rows"]]
+    body = table(rows, [("model", "model"), ("seq_len", "S"), ("scheme", "scheme"), ("batch", "B'"),
                                   ("e2e_latency_mean_s", "E2E mean s"), ("e2e_latency_p99_s", "E2E p99 s"),
                                   ("throughput_rps", "sat. req/s"), ("e2e_mean_vs_terapipe", "E2E/TeraPipe"),
                                   ("e2e_mean_vs_gpipe", "E2E/GPipe")])
     seq = result["max_seq"]
-    lines = [body, "", "longest feasible sequence vs chunks (" + (seq[0]["model"] if seq else "-") + "): " + "; ".join(
+    lines = [body, "B' (cap): the search's upper end (max_batch); a larger batch may fit too.", "",
+             "longest feasible sequence vs chunks (" + (seq[0]["model"] if seq else "-") + "): " + "; ".join(
         f"M={r['chunks']} {r['workspace']}: TeraPipe {r['max_seq_len_terapipe']:,} / MBKR {r['max_seq_len_mbkr']:,}"
         for r in seq), "", "claims ledger (MOCAP paper vs this simulator):", claims.format_ledger(result["claims"]),
         "", f"wall time {result['wall_s']:.0f} s; results in {result.get('results_dir', 'results')}/*.csv, "
