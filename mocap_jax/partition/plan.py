@@ -144,7 +144,7 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
     if settings.objective == "e2e":
         if load is None:
             raise SpecError("the e2e objective scores a partition by its end-to-end latency at a request rate: "
-                            "give a load (requests/s)")
+                            "give a load (requests/s; --load on the command line, load in a sweep)")
         arrivals = arrival_times("poisson", load, requests, settings.seed)
     elif load is not None:
         raise SpecError(f"a load ({load!r} requests/s) is the request rate of the e2e objective; the "
