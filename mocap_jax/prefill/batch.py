@@ -56,9 +56,10 @@ def plain_shape(shape: SimShape) -> SimShape:
     return shape._replace(mbkr=MBKRMode.OFF)
 
 
-def leaf_axes(axes) -> tuple:
-    """``axes`` (a :class:`Point` of 0 / None) as a tuple in leaf order, None kept."""
-    return tuple(jax.tree_util.tree_leaves(axes, is_leaf=lambda x: x is None))
+def flatten_axes(axes) -> tuple:
+    """``axes`` (a :class:`Point` of 0 / None) as ``(leaves, treedef)``: a tuple in leaf order, None kept."""
+    leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda x: x is None)
+    return tuple(leaves), treedef
 
 
 def join_point(treedef, axes_leaves: tuple, rows: Sequence, shared: Sequence) -> Point:
@@ -75,8 +76,8 @@ def evaluate_many(points: Point, shape: SimShape, axes, fields: Sequence[str] = 
     the annealing objective runs it inside its loop); :func:`evaluate_points` compiles it."""
     if not spills_needed(shape):
         return evaluate_vmapped(points, shape, axes, fields)
-    leaves, treedef = jax.tree_util.tree_flatten(points)
-    axes_leaves = leaf_axes(axes)
+    leaves = jax.tree_util.tree_leaves(points)
+    axes_leaves, treedef = flatten_axes(axes)
     rows = [x for x, ax in zip(leaves, axes_leaves) if ax is not None]
     shared = [x for x, ax in zip(leaves, axes_leaves) if ax is None]
     P = rows[0].shape[0]
@@ -253,8 +254,7 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
     nd = len(local)
     step = min(step_size(shape), size // nd)
     size = -(-size // (step * nd)) * step * nd
-    leaves = leaf_axes(axes)
-    treedef = jax.tree_util.tree_structure(axes, is_leaf=lambda x: x is None)
+    leaves, treedef = flatten_axes(axes)
     program, rows, shared = _program(shape, tuple(fields), leaves, treedef, tuple(local), step)
     flat_points = jax.tree_util.tree_leaves(points)
     shared_leaves = [np.asarray(x) for x, ax in zip(flat_points, leaves) if ax is None]
