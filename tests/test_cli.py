@@ -51,6 +51,25 @@ def test_max_seq_and_lists(capsys):
     assert code == 0 and "mocap-4x4" in out and "a100-x8" in out
 
 
+def test_max_seq_measures_one_batch_alone_as_the_study_does(capsys):
+    """``max-seq`` answers the study's question (the longest sequence of one batch alone) unless asked
+    for a stream: with two batches every stage fills at once and MBKR gains almost nothing."""
+    from mocap_jax.api import max_feasible_seq_len
+
+    common = ["--model", "llama3.1-8b", "--hardware", "mocap-2x2", "--chunks", "4", "--granularity", "16384", "--json"]
+    longest = {}
+    for scheme in ("terapipe", "mbkr"):
+        code, out, _ = run(["max-seq", "--scheme", scheme] + common, capsys)
+        d = json.loads(out)
+        assert code == 0 and d["num_batches"] == 1
+        longest[scheme] = d["max_seq_len"]
+        assert longest[scheme] == max_feasible_seq_len("llama3.1-8b", "mocap-2x2", scheme, chunks=4, num_batches=1,
+                                                       granularity=16384)
+    assert longest["mbkr"] > 1.1 * longest["terapipe"]
+    code, out, _ = run(["max-seq", "--scheme", "mbkr", "--num-batches", "2"] + common, capsys)
+    assert code == 0 and json.loads(out)["max_seq_len"] < 1.01 * longest["terapipe"]
+
+
 def _file(tmp_path, name, text):
     p = tmp_path / name
     p.write_text(text)
@@ -278,3 +297,11 @@ def test_top_level_help_names_every_benchmark():
     text = " ".join(parser.format_help().split())
     listed = text.split("benchmarks (commands, not tests):")[1].split(" simulate ")[0]
     assert {t.strip() for t in listed.split(",")} == set(targets)
+
+
+def test_counts_read_in_the_singular_for_one():
+    from mocap_jax.cli.common import counted
+
+    assert [counted(1, "stage"), counted(16, "stage"), counted(1, "batch", "batches"),
+            counted(2, "batch", "batches"), counted(153600, "request")] == \
+        ["1 stage", "16 stages", "1 batch", "2 batches", "153,600 requests"]

@@ -148,10 +148,13 @@ def test_max_feasible_batch_is_the_boundary():
 
 def test_max_feasible_seq_len_is_the_boundary():
     g = 256
-    S = mj.max_feasible_seq_len("llama3-70b", "mocap-4x4", chunks=16, batch=4, granularity=g)
-    assert S % g == 0
-    ok = mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S + g], chunks=16, batch=4)["feasible"]
-    assert ok.tolist() == [True, False]
+    for num_batches in (1, 2):
+        S = mj.max_feasible_seq_len("llama3-70b", "mocap-4x4", chunks=16, batch=4, granularity=g,
+                                    num_batches=num_batches)
+        assert S % g == 0
+        ok = mj.simulate_batch("llama3-70b", "mocap-4x4", [S, S + g], chunks=16, batch=4,
+                               num_batches=num_batches)["feasible"]
+        assert ok.tolist() == [True, False]
 
 
 def test_multi_wafer_and_gpu_node_run():

@@ -84,12 +84,18 @@ def max_feasible_batch(model, hardware, seq_len: int, scheme: str = "terapipe", 
 
 
 def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: int = 16, batch: int = 1,
-                         release: str = "stage", admission: str = "streaming", num_batches: int = 2,
+                         release: str = "stage", admission: str = "streaming", num_batches: int = 1,
                          microbatch: int = 1, placement=None, stages: int | None = None, dtype="float32",
                          granularity: int = 1, max_seq_len: int = 1 << 24, pairing: str = "cross-half",
                          p1: float = DEFAULT_P1, p2: float = DEFAULT_P2, read_overlap: float = DEFAULT_READ_OVERLAP,
                          spill: str = "overflow", fractions=None, tp: int = 1) -> int:
     """Longest prompt S (a multiple of ``granularity``, at most ``max_seq_len``) that fits.
+
+    By default ``num_batches`` is 1: the longest sequence of one batch alone, the quantity the study
+    reports (``compare``, ``reproduce``, ``claims``).  With 2 the batch must also fit beside the next
+    one, streaming behind it; then every stage fills up at once, which leaves MBKR's creditors
+    little room (Llama-3-70B on mocap-4x4, M = 16: 6.80M tokens with MBKR against 6.43M without
+    for one batch, 6.43M for both with two).
 
     Chunked schemes use ``chunks`` uniform chunks, or the chunk-size ``fractions`` (summing to 1)
     scaled to each S.  A vectorised bracket search; 0 if even the shortest does not fit.

@@ -167,6 +167,11 @@ def dumps(obj) -> str:
     return json.dumps(clean(obj))
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for one: ``counted(1, "stage")`` is "1 stage"."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def fmt(v: Any, unit: str = "", digits: int = 4) -> str:
     """A value as text: '-' for None and inf, numbers to ``digits`` significant figures."""
     if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:

@@ -9,13 +9,14 @@ import numpy as np
 from .. import api
 from ..api.simulate import run
 from ..specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
-from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, placement_arg, positive_int,
-                     table)
+from .common import (add_mbkr_args, batch_arg, counted, dumps, fmt, int_list, mbkr_kwargs, placement_arg,
+                     positive_int, table)
 
 PLANNED_SCHEMES = ("terapipe-dp", "lbcp", "mocap")
 
 
-def add_config_args(p, schemes=None, seq_len=True):
+def add_config_args(p, schemes=None, seq_len=True, num_batches=2,
+                    num_batches_help="consecutive batches simulated"):
     """Arguments every simulation command shares."""
     p.add_argument("--model", "-m", default="llama3-70b", help="model preset or .json/.toml spec (default llama3-70b)")
     p.add_argument("--hardware", "-w", default="mocap-4x4",
@@ -26,7 +27,8 @@ def add_config_args(p, schemes=None, seq_len=True):
     p.add_argument("--chunks", "-M", type=positive_int, default=None, help="chunks per request (default 16)")
     p.add_argument("--release", default="stage", choices=api.RELEASE_POLICIES, help="KV release policy")
     p.add_argument("--admission", default="streaming", choices=api.ADMISSION_MODES, help="batch admission mode")
-    p.add_argument("--num-batches", type=positive_int, default=2, help="consecutive batches simulated (default 2)")
+    p.add_argument("--num-batches", type=positive_int, default=num_batches,
+                   help=f"{num_batches_help} (default {num_batches})")
     p.add_argument("--microbatch", type=positive_int, default=1, help="requests per GPipe microbatch")
     p.add_argument("--stages", type=positive_int, default=None,
                    help="pipeline stages (default: every die, or dies / tp stage groups)")
@@ -51,14 +53,14 @@ def format_result(r: api.SimResult) -> str:
     lat = f"{r.prefill_latency_s:.4f} s" if math.isfinite(r.prefill_latency_s) else \
         f"inf (infeasible; {r.raw_latency_s:.4f} s ignoring memory)"
     items = f"M = {r.chunks} chunks" if r.scheme != "gpipe" else f"{r.extra['items_per_batch']} microbatches"
-    head = (f"{r.scheme} | {r.model} on {r.hardware} ({r.num_stages} stages) | S = {r.seq_len:,} tokens | "
+    head = (f"{r.scheme} | {r.model} on {r.hardware} ({counted(r.num_stages, 'stage')}) | S = {r.seq_len:,} tokens | "
             f"B = {r.batch} | {items}")
     lines = [head, "-" * len(head),
              f"  feasible           {'yes' if r.feasible else 'NO: some stage exceeds its usable HBM'}",
              f"  prefill latency    {lat}",
              f"  throughput         {r.throughput_rps:.3f} requests/s (saturation, {r.admission} admission)",
              f"  bubble fraction    {100 * r.bubble_fraction:.1f} %",
-             f"  KV release         {r.release}; {r.num_batches} batch(es) simulated", ""]
+             f"  KV release         {r.release}; {counted(r.num_batches, 'batch', 'batches')} simulated", ""]
     rows = [{"stage": s, "die": int(np.ravel(r.placement[s])[0]), "weights": r.weight_bytes_per_stage[s] / 1e9,
              "kv": r.kv_peak_bytes_per_stage[s] / 1e9, "peak": r.peak_mem_bytes_per_stage[s] / 1e9,
              "usable": r.capacity_bytes / 1e9, "busy": 100 * r.stage_utilisation[s]} for s in range(r.num_stages)]
@@ -110,7 +112,8 @@ def cmd_max_seq(args) -> int:
         print(dumps(out))
     else:
         print(f"longest feasible sequence: {S:,} tokens ({out['scheme']}, {out['model']} on {out['hardware']}, "
-              f"B = {args.batch}, M = {kw['chunks']}, {args.num_batches} batch(es), multiples of {args.granularity})")
+              f"B = {args.batch}, M = {kw['chunks']}, {counted(args.num_batches, 'batch', 'batches')}, "
+              f"multiples of {args.granularity})")
     return 0
 
 
@@ -160,7 +163,10 @@ def register(sub, bench_sub) -> None:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("max-seq", help="longest feasible sequence length (vectorised search)")
-    add_config_args(p, seq_len=False)
+    add_config_args(p, seq_len=False, num_batches=1,
+                    num_batches_help="consecutive batches that must fit: 1 is the longest sequence of one batch alone, "
+                                     "as compare, reproduce and claims report it; 2 asks whether a stream of such "
+                                     "batches fits, where a batch's KV meets the next one's")
     p.add_argument("--batch", "-B", type=positive_int, default=1)
     p.add_argument("--granularity", "-g", type=positive_int, default=1, help="sequence lengths in multiples of g")
     p.add_argument("--max-seq-len", type=positive_int, default=1 << 24, help="upper end of the search")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import check_figure_file, non_negative_int, positive_int, seed
+from .common import check_figure_file, counted, non_negative_int, positive_int, seed
 
 _LABELS = {
     "finish_times": "finish times (every item, stage)",
@@ -177,7 +177,7 @@ def format_mbkr(m: dict[str, Any]) -> list[str]:
                             f"{pct(s['latency_rel_err_mean'])} / {pct(s['latency_rel_err_max'])}, peak memory "
                             f"{pct(s['peak_mem_rel_err_mean'])} / {pct(s['peak_mem_rel_err_max'])}, "
                             f"{s['feasible_mismatches']} feasibility mismatches")
-    lines = [f"MBKR approximation: {m['configs']} configurations near the memory limit ({m['programs']} programs), "
+    lines = [f"MBKR approximation: {m['configs']} configurations near the memory limit ({counted(m['programs'], 'program')}), "
              f"array program vs event-driven reference ({m['dtype']}; {m['spilling']} spill = "
              f"{100 * m['spilling_share']:.0f}%, {m['infeasible']} infeasible)",
              f"  {'relative error':34s} {'mean':>10s} {'max':>10s}",

@@ -15,7 +15,7 @@ from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
 from ..wsc.workload import WORKLOAD_TTFT_SLOS
-from .common import check_figure_file, check_output_dir, progress_bar
+from .common import check_figure_file, check_output_dir, counted, progress_bar
 from .wsc_args import (METRIC_COLUMNS, emit_json, floats, metric_cells, names, program_dtype, serving_args,
                        serving_config, table)
 
@@ -98,8 +98,9 @@ def cmd_explore(args) -> int:
                     "best_csv": str(best_path), "figure": fig, "rows": res.rows})
         return 0
     t = res.timing
-    print(f"WSC-LLM design-space exploration: {len(hw)} hardware points x {len(models)} models x {len(workloads)} "
-          f"workloads x {len(loads)} rates = {t['points']} points, {t['simulated_requests']} requests")
+    print(f"WSC-LLM design-space exploration: {counted(len(hw), 'hardware point')} x {counted(len(models), 'model')} x "
+          f"{counted(len(workloads), 'workload')} x {counted(len(loads), 'rate')} = {counted(t['points'], 'point')}, "
+          f"{counted(t['simulated_requests'], 'request')}")
     print(f"rates (req/s) = load x the partition capacity of {ex.REFERENCE_HARDWARE}; SLOs TTFT "
           f"{slo_text(config, workloads, args)}, TPOT {config.tpot_slo_s * 1e3:g} ms; contention {config.contention}")
     print()
