@@ -123,6 +123,22 @@ def test_size_counts_respects_packing():
         part.size_counts(wafer, (2, 2), 1.0, (2, 2), 1.0)
 
 
+def test_partition_packs_smaller_instances_when_the_best_ones_cannot_share_the_grid():
+    # llama3-70b (141 GB of weights) on 12 dies of 32 GB: the instances with the best goodput per die are
+    # too large to sit beside each other on a 3x4 grid, while two 2x3 instances can
+    wafer = wsc_wafer(3, 4, dram_gb=32, name="tight")
+    res = part.partition("llama3-70b", wafer, "azure-conv", max_batch=128)
+    pc, dc = res.prefill.config, res.decode.config
+    assert res.n_prefill >= 1 and res.n_decode >= 1 and res.dies_used <= 12
+    assert _brute_pack(3, 4, [(pc.rows, pc.cols)] * res.n_prefill + [(dc.rows, dc.cols)] * res.n_decode)
+    ranked = sorted((c for c in res.candidates if c.prefill_rps_per_die > 0), key=lambda c: -c.prefill_rps_per_die)
+    assert res.prefill.prefill_rps_per_die < ranked[0].prefill_rps_per_die or \
+        res.decode.decode_rps_per_die < max(c.decode_rps_per_die for c in res.candidates)
+    # and where no pair fits, the message names the smallest instances, not the best ones
+    with pytest.raises(SpecError, match=r"the smallest are \d+x\d+ and \d+x\d+"):
+        part.partition("llama3-70b", wsc_wafer(3, 4, dram_gb=16, name="tighter"), "azure-conv", max_batch=128)
+
+
 def test_cluster_partition_uses_whole_gpus_in_nodes():
     res = part.partition("llama3-70b", a100_cluster(2, 8), "azure-code", max_batch=128)
     for cand, n in ((res.prefill, res.n_prefill), (res.decode, res.n_decode)):

@@ -223,23 +223,31 @@ def _packable_pair(wafer: WaferSpec, cands: list[Candidate], strategies: Sequenc
     """The best (prefill, decode) candidates whose instances can be packed together, with their counts.
 
     Candidates are ranked by goodput per die; when the best pair cannot share the grid, the
-    pairs of the ``tries`` best of each phase are tried in order of their summed ranks.
+    pairs of the ``tries`` best of each phase are tried in order of their summed ranks, then every
+    other pair in the same order: the best candidates may all be too large to share the grid where
+    smaller ones fit (a model that needs most of a die's DRAM for its weights), and a pair that
+    cannot be packed is a property of its two shapes, so each pair of shapes is tried once.
     """
     rank = lambda key: sorted([c for c in cands if getattr(c, key) > 0],
                               key=lambda c: (-getattr(c, key), c.config.dies, strategies.index(c.config.strategy)))
-    pre, dec = rank("prefill_rps_per_die")[:tries], rank("decode_rps_per_die")[:tries]
-    pairs = sorted(((i + j, i, j) for i in range(len(pre)) for j in range(len(dec))))
-    error = None
-    for _, i, j in pairs:
+    pre, dec = rank("prefill_rps_per_die"), rank("decode_rps_per_die")
+    pairs = sorted((i + j, i, j) for i in range(len(pre)) for j in range(len(dec)))
+    first = [q for q in pairs if q[1] < tries and q[2] < tries]
+    refused = set()
+    for _, i, j in first + [q for q in pairs if q[1] >= tries or q[2] >= tries]:
         p, d = pre[i], dec[j]
-        try:
-            counts = size_counts(wafer, (p.config.rows, p.config.cols), p.prefill_rps, (d.config.rows, d.config.cols),
-                                 d.decode_rps)
-        except SpecError as e:
-            error = error or e
+        shapes = ((p.config.rows, p.config.cols), (d.config.rows, d.config.cols))
+        if shapes in refused or p.config.dies + d.config.dies > wafer.num_dies:
             continue
-        return p, d, counts
-    raise error
+        try:
+            return p, d, size_counts(wafer, shapes[0], p.prefill_rps, shapes[1], d.decode_rps)
+        except SpecError:
+            refused.add(shapes)
+    small_p, small_d = min(pre, key=lambda c: c.config.dies), min(dec, key=lambda c: c.config.dies)
+    raise SpecError(f"no prefill instance and decode instance that meet the SLOs can be packed together on the "
+                    f"{wafer.rows}x{wafer.cols} grid of {wafer.name}: the smallest are {small_p.config.rows}x"
+                    f"{small_p.config.cols} and {small_d.config.rows}x{small_d.config.cols} ("
+                    f"{small_p.config.dies} + {small_d.config.dies} dies); use a larger wafer or dies with more DRAM")
 
 
 def choose_partition(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, strategies: tuple[str, ...],
