@@ -89,6 +89,9 @@ def test_infeasible_design_point_is_a_result_not_a_crash(setup):
     assert not bad.feasible and rep.groups == 0
     assert m["e2e_mean"] == math.inf and m["goodput_rps"] == 0.0 and m["finished"] == 0
     assert rep.results[0].row()["feasible"] is False
+    # never NaN: no request finishes, so the makespan is infinite; DRAM use is undefined (null)
+    assert m["makespan_s"] == math.inf and m["dram_util_mean"] is None and m["dram_util_peak"] is None
+    assert not any(isinstance(v, float) and math.isnan(v) for v in rep.results[0].row().values())
 
 
 def test_bad_input_is_a_clear_value_error(setup):

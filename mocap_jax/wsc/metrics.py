@@ -59,7 +59,7 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
     """Aggregate serving metrics of one design point.
 
     Returns a dict with ``ttft_*``, ``tpot_*``, ``e2e_*`` (mean / p50 / p99, s),
-    ``finished``, ``dropped``, ``makespan_s`` (last finish - first arrival),
+    ``finished``, ``dropped``, ``makespan_s`` (last finish - first arrival; inf if none finished),
     ``throughput_rps``, ``tokens_per_s`` (output tokens of finished requests),
     ``slo_attainment`` (share of the N requests meeting both the TTFT and the TPOT SLO),
     ``goodput_rps`` (offered rate x SLO attainment: requests/s served within the SLOs),
@@ -74,9 +74,10 @@ def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_
     out.update(_stats(rm.ttft, "ttft"))
     out.update(_stats(rm.tpot, "tpot"))
     out.update(_stats(rm.e2e, "e2e"))
+    # with no request finished the last finish never comes: the makespan is infinite, like the latencies
     last = float(np.max(np.where(fin, trace.arrival_s + np.nan_to_num(rm.e2e, nan=0.0), -np.inf))) if fin.any() \
-        else math.nan
-    makespan = last - float(trace.arrival_s[0]) if fin.any() else math.nan
+        else math.inf
+    makespan = last - float(trace.arrival_s[0])
     ok_tpot = np.where(np.isnan(rm.tpot), True, rm.tpot <= cfg.tpot_slo_s)
     good = fin & (rm.ttft <= cfg.ttft_slo_s) & ok_tpot
     out["makespan_s"] = makespan
@@ -146,8 +147,9 @@ def infeasible_metrics(trace: Trace) -> dict[str, Any]:
     out = {"requests": len(trace), "finished": 0, "dropped": 0, "offered_rps": trace.rate}
     for k in ("ttft", "tpot", "e2e"):
         out.update({f"{k}_mean": math.inf, f"{k}_p50": math.inf, f"{k}_p99": math.inf})
-    out.update(makespan_s=math.nan, throughput_rps=0.0, tokens_per_s=0.0, goodput_rps=0.0, slo_attainment=0.0,
-               dram_util_mean=math.nan, dram_util_peak=math.nan)
+    # nothing is placed, so DRAM holds nothing of the model; its use is not defined (an empty cell, JSON null)
+    out.update(makespan_s=math.inf, throughput_rps=0.0, tokens_per_s=0.0, goodput_rps=0.0, slo_attainment=0.0,
+               dram_util_mean=None, dram_util_peak=None)
     return out
 
 
@@ -173,7 +175,7 @@ def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]
     worst = 0.0
     for k in ("ttft_mean", "tpot_mean", "e2e_mean", "e2e_p99", "tokens_per_s", "dram_util_mean"):
         x, y = array_result.metrics[k], ref.metrics[k]
-        if math.isfinite(x) and math.isfinite(y):
+        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
             worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
     out["aggregate_max_rel_err"] = worst
     ga, gb = array_result.metrics["goodput_rps"], ref.metrics["goodput_rps"]
