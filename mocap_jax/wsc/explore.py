@@ -85,6 +85,18 @@ class HardwarePoint:
                 "dram_tbps": self.dram_tbps, "d2d_tbps": self.d2d_tbps, "shoreline": self.on_shoreline}
 
 
+def _distinct(name: str, values, text=str) -> tuple:
+    """``values`` as a tuple, refused if one repeats: a repeated point is simulated twice and can stand
+    beside itself as best design and runner-up."""
+    values = tuple(values)
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise SpecError(f"{name} lists {text(v)} twice; give each value once")
+        seen.add(v)
+    return values
+
+
 def _positive_list(name: str, values) -> tuple[float, ...]:
     vals = tuple(float(v) for v in values)
     if not vals:
@@ -92,7 +104,7 @@ def _positive_list(name: str, values) -> tuple[float, ...]:
     for v in vals:
         if not math.isfinite(v) or v <= 0:
             raise SpecError(f"{name} must be positive numbers, got {v:g}")
-    return vals
+    return _distinct(name, vals, lambda v: f"{v:g}")
 
 
 def template_points(grids: Sequence[tuple[int, int]] = DEFAULT_GRIDS, dram_gb: Sequence[float] = DEFAULT_DRAM_GB,
@@ -114,12 +126,13 @@ def template_points(grids: Sequence[tuple[int, int]] = DEFAULT_GRIDS, dram_gb: S
     d2d_tbps = _positive_list("d2d_tbps", d2d_tbps)
     if dram_tbps is not None:
         dram_tbps = _positive_list("dram_tbps", dram_tbps)
-    grids = tuple(grids)
+    grids = tuple(tuple(g) for g in grids)
     if not grids:
         raise SpecError("grids: give at least one die grid")
     for g in grids:
         if len(g) != 2 or any(not isinstance(x, int) or x < 1 for x in g):
             raise SpecError(f"grids must be pairs of positive integers (rows, cols), got {g!r}")
+    _distinct("grids", grids, lambda g: f"{g[0]}x{g[1]}")
     mem = [(c, c / 32.0) for c in dram_gb] if dram_tbps is None else [(c, b) for c in dram_gb for b in dram_tbps]
     return [HardwarePoint(r, c, cap, bw, d2d) for (r, c) in grids for cap, bw in mem for d2d in d2d_tbps]
 
@@ -230,12 +243,12 @@ class Sweep:
     seed: int = 0                  # trace seed (the same trace for every hardware point of a (workload, load))
 
     def __post_init__(self):
-        object.__setattr__(self, "models", tuple(get_model(m).name for m in self.models))
-        object.__setattr__(self, "workloads", tuple(resolve_workload_name(w) for w in self.workloads))
+        object.__setattr__(self, "models", _distinct("models", (get_model(m).name for m in self.models)))
+        object.__setattr__(self, "workloads", _distinct("workloads", (resolve_workload_name(w) for w in self.workloads)))
         if not self.models or not self.workloads:
             raise SpecError("give at least one model and one workload")
         object.__setattr__(self, "loads", _positive_list("loads", self.loads))
-        object.__setattr__(self, "hardware", tuple(self.hardware))
+        object.__setattr__(self, "hardware", _distinct("hardware", self.hardware, lambda h: h.label))
         if not self.hardware:
             raise SpecError("give at least one hardware point")
         if self.requests is not None:
