@@ -20,7 +20,7 @@ from ..mbkr.pairing import PAIRINGS
 from ..prefill.points import MBKRSettings
 from ..search.anneal import anneal, evaluate_states
 from ..serving.arrivals import arrival_times
-from ..serving.e2e import check_clock
+from ..serving.e2e import check_clock, clock_resolved
 from ..specs import LIMITS, SpecError, checks
 from .dp import check_granularity, chunk_cost_matrix_jit, proxy_dp
 from .objectives import OBJECTIVES, PartitionContext, PartitionProblem
@@ -75,9 +75,12 @@ def _uniform_units(U: int, M: int) -> np.ndarray:
     return base + (np.arange(M) < extra).astype(np.int64)
 
 
-def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_mbkr: bool, progress=None) -> dict:
+def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_mbkr: bool, progress=None,
+                     before_search=None) -> dict:
     """Uniform, DP and annealed partitions of one chunk count, with objectives and B' (``progress``: as
-    :func:`mocap_jax.search.anneal.anneal`'s)."""
+    :func:`mocap_jax.search.anneal.anneal`'s; ``before_search``: optional callable given the best
+    objective of the chains' starting partitions before the search runs, which the result can only
+    lower)."""
     g = settings.granularity
     U = cfg.seq_len // g
     uni = _uniform_units(U, M)
@@ -96,6 +99,8 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
                            arrivals=np.asarray(arrivals, cfg.dtype))
     dp_units = dp.partition // g
     init = np.stack([dp_units if c % 2 == 0 else uni for c in range(settings.chains)])
+    if before_search is not None:
+        before_search(float(np.min(evaluate_states(problem, init, ctx)[0])))
     t0 = time.perf_counter()
     res = anneal(problem, ctx, init, settings.seed, steps=settings.steps, progress=progress)
     wall = time.perf_counter() - t0
@@ -159,9 +164,20 @@ def plan_partition(model, hardware, seq_len: int, scheme: str = "mocap", *, sett
                   read_overlap=mbkr.read_overlap, spill=mbkr.spill, tp=tp)
     check_dtype(dtype)
     total = settings.steps * len(counts)
+
+    def clock_before_search(upper_s: float) -> None:
+        """Refuse before the search when the clock is too coarse even at the last arrival for the
+        starting partitions' mean end-to-end latency: the result's latency is no longer, so its
+        clock (at the last arrival plus that latency) is no finer, and :func:`check_clock` would
+        refuse it after the search."""
+        if np.isfinite(upper_s) and not clock_resolved(arrivals[-1], upper_s, upper_s, 0.0, cfg.dtype)[0]:
+            check_clock("e2e objective (its starting partitions, which the search can only improve on)", load,
+                        requests, arrivals[-1], upper_s, upper_s, 0.0, cfg.dtype, "--dtype float64")
+
     per = [plan_chunk_count(cfg, M, settings, batch, arrivals, use_mbkr,
                             None if progress is None else
-                            (lambda done, _, k=k: progress(k * settings.steps + done, total)))
+                            (lambda done, _, k=k: progress(k * settings.steps + done, total)),
+                            clock_before_search if settings.objective == "e2e" else None)
            for k, M in enumerate(counts)]
     win = min(per, key=lambda r: r["objective_s"])
     if settings.objective == "e2e" and np.isfinite(win["objective_s"]):     # inf: nothing fits, no clock to judge
