@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import api
 from ..api.simulate import run
+from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
 from .common import (add_mbkr_args, batch_arg, counted, dumps, fmt, int_list, mbkr_kwargs, placement_arg,
                      positive_int, table)
@@ -42,6 +43,43 @@ def add_config_args(p, schemes=None, seq_len=True, num_batches=2,
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
 
+MBKR_SCHEMES = ("mbkr", "mocap")
+ANNEALED_SCHEMES = ("lbcp", "mocap")
+
+
+def check_scheme_flags(args) -> None:
+    """Refuse a flag the chosen scheme does not read: given with another scheme it would change nothing,
+    and identical results would read as "this setting does not matter"."""
+    def given(dest: str) -> bool:
+        default = PARSER_DEFAULTS.get(dest)
+        return hasattr(args, dest) and getattr(args, dest) is not None and getattr(args, dest) != default
+
+    scheme = args.scheme
+    if scheme == "gpipe" and given("chunks"):
+        raise ValueError("--chunks does not apply to --scheme gpipe, which runs whole requests in microbatches "
+                         "(--microbatch); drop it or choose a chunked scheme")
+    if scheme != "gpipe" and given("microbatch"):
+        raise ValueError(f"--microbatch applies to --scheme gpipe; {scheme} splits requests into chunks "
+                         f"(--chunks): drop it")
+    if scheme not in MBKR_SCHEMES:
+        for flag in ("--pairing", "--p1", "--p2", "--read-overlap", "--spill"):
+            if given(flag[2:].replace("-", "_")):
+                raise ValueError(f"{flag} applies to the MBKR schemes ({', '.join(MBKR_SCHEMES)}); {scheme} spills "
+                                 f"no KV: drop it or choose one of them")
+    if scheme not in ANNEALED_SCHEMES:
+        for flag in ("--chains", "--steps"):
+            if given(flag[2:]):
+                raise ValueError(f"{flag} applies to the schemes that anneal their chunk sizes "
+                                 f"({', '.join(ANNEALED_SCHEMES)}); {scheme} does not: drop it")
+
+
+#: annealing defaults of ``simulate --scheme lbcp/mocap``
+CHAINS, STEPS = 256, 600
+#: defaults of the flags :func:`check_scheme_flags` checks (a flag left at its default is not "given")
+PARSER_DEFAULTS = {"chunks": None, "microbatch": 1, "pairing": "cross-half", "p1": DEFAULT_P1, "p2": DEFAULT_P2,
+                   "read_overlap": DEFAULT_READ_OVERLAP, "spill": "overflow", "chains": CHAINS, "steps": STEPS}
+
+
 def sim_kwargs(args) -> dict:
     return dict(chunks=args.chunks, release=args.release, admission=args.admission, num_batches=args.num_batches,
                 microbatch=args.microbatch, stages=args.stages, dtype=args.dtype, placement=args.placement,
@@ -52,7 +90,8 @@ def format_result(r: api.SimResult) -> str:
     """Readable multi-line summary of a :class:`~mocap_jax.api.SimResult`."""
     lat = f"{r.prefill_latency_s:.4f} s" if math.isfinite(r.prefill_latency_s) else \
         f"inf (infeasible; {r.raw_latency_s:.4f} s ignoring memory)"
-    items = f"M = {r.chunks} chunks" if r.scheme != "gpipe" else f"{r.extra['items_per_batch']} microbatches"
+    items = f"M = {r.chunks} chunks" if r.scheme != "gpipe" else counted(r.extra['items_per_batch'], 'microbatch',
+                                                                            'microbatches')
     head = (f"{r.scheme} | {r.model} on {r.hardware} ({counted(r.num_stages, 'stage')}) | S = {r.seq_len:,} tokens | "
             f"B = {r.batch} | {items}")
     lines = [head, "-" * len(head),
@@ -73,6 +112,7 @@ def format_result(r: api.SimResult) -> str:
 
 
 def cmd_simulate(args) -> int:
+    check_scheme_flags(args)
     kw = sim_kwargs(args)
     if args.scheme in PLANNED_SCHEMES:   # chunk sizes planned first (TeraPipe's planner, or LBCP DP + annealing)
         from ..partition.plan import PlanSettings
@@ -101,6 +141,7 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_max_seq(args) -> int:
+    check_scheme_flags(args)
     kw = sim_kwargs(args)
     kw["chunks"] = kw["chunks"] or 16
     S = api.max_feasible_seq_len(args.model, args.hardware, args.scheme, batch=args.batch,
@@ -118,6 +159,7 @@ def cmd_max_seq(args) -> int:
 
 
 def cmd_max_batch(args) -> int:
+    check_scheme_flags(args)
     B = api.max_feasible_batch(args.model, args.hardware, args.seq_len, args.scheme, max_batch=args.max_batch,
                                **sim_kwargs(args))
     out = {"model": get_model(args.model).name, "hardware": get_hardware(args.hardware).name, "scheme": args.scheme,
@@ -155,8 +197,8 @@ def register(sub, bench_sub) -> None:
     add_config_args(p, schemes=api.SCHEMES + PLANNED_SCHEMES)
     p.add_argument("--granularity", "-g", type=positive_int, default=256,
                    help="chunk sizes in multiples of g tokens (terapipe-dp, lbcp, mocap)")
-    p.add_argument("--chains", type=positive_int, default=256, help="LBCP annealing chains (lbcp, mocap)")
-    p.add_argument("--steps", type=positive_int, default=600, help="LBCP annealing steps (lbcp, mocap)")
+    p.add_argument("--chains", type=positive_int, default=CHAINS, help="LBCP annealing chains (lbcp, mocap)")
+    p.add_argument("--steps", type=positive_int, default=STEPS, help="LBCP annealing steps (lbcp, mocap)")
     p.add_argument("--batch", "-B", type=batch_arg, default=1, help="requests per batch, or 'auto' for B'")
     p.add_argument("--partition", type=int_list, default=None, help="chunk sizes, comma-separated")
     p.add_argument("--max-batch", type=positive_int, default=api.DEFAULT_MAX_BATCH, help="cap of the B' search")

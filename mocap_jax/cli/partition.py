@@ -10,6 +10,7 @@ from ..serving.arrivals import ARRIVALS
 from ..study.compare import ALL_SCHEMES, DEFAULT_REQUESTS, CompareSettings, batch_text, compare
 from .common import (add_mbkr_args, batch_arg, dumps, fmt, int_list, mbkr_kwargs, number, positive_int, progress,
                      progress_bar, seed, table)
+from .core import check_scheme_flags
 
 
 def _add_common(p):
@@ -82,6 +83,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_partition(args) -> int:
+    check_scheme_flags(args)
     load = args.load
     with progress_bar(f"{args.scheme} annealing", "step", args.quiet) as advance:
         res = plan_partition(args.model, args.hardware, args.seq_len, args.scheme, settings=plan_settings(args),
