@@ -120,13 +120,16 @@ BAD = [
     (["simulate", "--scheme", "mbkr", "--p2", "nan"], "finite"),
     (["placement", "--pair-weight", "nan"], "finite"),
     # a flag the chosen scheme does not read would change nothing
-    (["simulate", "--scheme", "gpipe", "--chunks", "8"], "--chunks does not apply to --scheme gpipe"),
-    (["max-batch", "--scheme", "terapipe", "--microbatch", "4"], "--microbatch applies to --scheme gpipe"),
+    (["simulate", "--scheme", "gpipe", "--chunks", "8"], "--chunks does not apply to gpipe"),
+    (["max-batch", "--scheme", "terapipe", "--microbatch", "4"], "--microbatch applies to gpipe, and terapipe splits"),
     (["simulate", "--scheme", "terapipe", "--p2", "0.5"], "--p2 applies to the MBKR schemes"),
     (["max-seq", "--scheme", "gpipe", "--spill", "eager"], "--spill applies to the MBKR schemes"),
     (["simulate", "--scheme", "lbcp", "--pairing", "dynamic"], "--pairing applies to the MBKR schemes"),
     (["simulate", "--scheme", "terapipe-dp", "--steps", "10"], "--steps applies to the schemes that anneal"),
     (["partition", "--scheme", "lbcp", "--p2", "0.5"], "--p2 applies to the MBKR schemes"),
+    (["compare", "--schemes", "gpipe,terapipe", "--pairing", "dynamic"], "gpipe, terapipe are not one of them"),
+    (["compare", "--schemes", "gpipe", "--chunks", "8"], "--chunks does not apply to gpipe"),
+    (["compare", "--schemes", "terapipe,mbkr", "--steps", "10"], "--steps applies to the schemes that anneal"),
     (["compare", "--load", "0"], "load"),
     (["compare", "--load", "-1"], "load"),
     # meshes too large to represent

@@ -47,30 +47,33 @@ MBKR_SCHEMES = ("mbkr", "mocap")
 ANNEALED_SCHEMES = ("lbcp", "mocap")
 
 
-def check_scheme_flags(args) -> None:
-    """Refuse a flag the chosen scheme does not read: given with another scheme it would change nothing,
+def check_scheme_flags(args, schemes=None) -> None:
+    """Refuse a flag none of the chosen schemes (default ``args.scheme``) reads: it would change nothing,
     and identical results would read as "this setting does not matter"."""
+    schemes = (args.scheme,) if schemes is None else tuple(schemes)
+    chosen = ", ".join(schemes)
+    verb = "is" if len(schemes) == 1 else "are"
+
     def given(dest: str) -> bool:
         default = PARSER_DEFAULTS.get(dest)
         return hasattr(args, dest) and getattr(args, dest) is not None and getattr(args, dest) != default
 
-    scheme = args.scheme
-    if scheme == "gpipe" and given("chunks"):
-        raise ValueError("--chunks does not apply to --scheme gpipe, which runs whole requests in microbatches "
+    if set(schemes) == {"gpipe"} and given("chunks"):
+        raise ValueError("--chunks does not apply to gpipe, which runs whole requests in microbatches "
                          "(--microbatch); drop it or choose a chunked scheme")
-    if scheme != "gpipe" and given("microbatch"):
-        raise ValueError(f"--microbatch applies to --scheme gpipe; {scheme} splits requests into chunks "
-                         f"(--chunks): drop it")
-    if scheme not in MBKR_SCHEMES:
+    if "gpipe" not in schemes and given("microbatch"):
+        raise ValueError(f"--microbatch applies to gpipe, and {chosen} split{'s' if verb == 'is' else ''} requests "
+                         f"into chunks (--chunks): drop it")
+    if not set(schemes) & set(MBKR_SCHEMES):
         for flag in ("--pairing", "--p1", "--p2", "--read-overlap", "--spill"):
             if given(flag[2:].replace("-", "_")):
-                raise ValueError(f"{flag} applies to the MBKR schemes ({', '.join(MBKR_SCHEMES)}); {scheme} spills "
-                                 f"no KV: drop it or choose one of them")
-    if scheme not in ANNEALED_SCHEMES:
+                raise ValueError(f"{flag} applies to the MBKR schemes ({', '.join(MBKR_SCHEMES)}), and {chosen} "
+                                 f"{verb} not one of them: drop it or choose one")
+    if not set(schemes) & set(ANNEALED_SCHEMES):
         for flag in ("--chains", "--steps"):
             if given(flag[2:]):
                 raise ValueError(f"{flag} applies to the schemes that anneal their chunk sizes "
-                                 f"({', '.join(ANNEALED_SCHEMES)}); {scheme} does not: drop it")
+                                 f"({', '.join(ANNEALED_SCHEMES)}), and {chosen} {verb} not one of them: drop it")
 
 
 #: annealing defaults of ``simulate --scheme lbcp/mocap``

@@ -71,6 +71,7 @@ def format_compare(res: dict) -> str:
 def cmd_compare(args) -> int:
     load = args.load
     schemes = tuple(s.strip() for s in args.schemes.split(",")) if args.schemes is not None else ALL_SCHEMES
+    check_scheme_flags(args, schemes)
     st = CompareSettings(chunks=args.chunks or 16, plan=plan_settings(args), max_batch=args.max_batch,
                          requests=args.requests, arrivals=args.arrivals, seed=args.seed, release=args.release,
                          admission=args.admission, num_batches=args.num_batches, mbkr=MBKRSettings(**mbkr_kwargs(args)),
