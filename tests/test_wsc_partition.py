@@ -137,6 +137,8 @@ def test_partition_packs_smaller_instances_when_the_best_ones_cannot_share_the_g
     # and where no pair fits, the message names the smallest instances, not the best ones
     with pytest.raises(SpecError, match=r"the smallest are \d+x\d+ and \d+x\d+"):
         part.partition("llama3-70b", wsc_wafer(3, 4, dram_gb=16, name="tighter"), "azure-conv", max_batch=128)
+    with pytest.raises(SpecError, match=r"1 \+ 1 GPUs\); use a larger cluster"):
+        part.partition("llama2-7b", a100_cluster(1, 1), "azure-conv", max_batch=128)
 
 
 def test_cluster_partition_uses_whole_gpus_in_nodes():

@@ -177,7 +177,8 @@ def format_mbkr(m: dict[str, Any]) -> list[str]:
                             f"{pct(s['latency_rel_err_mean'])} / {pct(s['latency_rel_err_max'])}, peak memory "
                             f"{pct(s['peak_mem_rel_err_mean'])} / {pct(s['peak_mem_rel_err_max'])}, "
                             f"{s['feasible_mismatches']} feasibility mismatches")
-    lines = [f"MBKR approximation: {m['configs']} configurations near the memory limit ({counted(m['programs'], 'program')}), "
+    programs = counted(m['programs'], 'program')
+    lines = [f"MBKR approximation: {m['configs']} configurations near the memory limit ({programs}), "
              f"array program vs event-driven reference ({m['dtype']}; {m['spilling']} spill = "
              f"{100 * m['spilling_share']:.0f}%, {m['infeasible']} infeasible)",
              f"  {'relative error':34s} {'mean':>10s} {'max':>10s}",

@@ -126,13 +126,13 @@ def template_points(grids: Sequence[tuple[int, int]] = DEFAULT_GRIDS, dram_gb: S
     d2d_tbps = _positive_list("d2d_tbps", d2d_tbps)
     if dram_tbps is not None:
         dram_tbps = _positive_list("dram_tbps", dram_tbps)
-    grids = tuple(tuple(g) for g in grids)
+    grids = tuple(grids)
     if not grids:
         raise SpecError("grids: give at least one die grid")
     for g in grids:
         if len(g) != 2 or any(not isinstance(x, int) or x < 1 for x in g):
             raise SpecError(f"grids must be pairs of positive integers (rows, cols), got {g!r}")
-    _distinct("grids", grids, lambda g: f"{g[0]}x{g[1]}")
+    _distinct("grids", (tuple(g) for g in grids), lambda g: f"{g[0]}x{g[1]}")
     mem = [(c, c / 32.0) for c in dram_gb] if dram_tbps is None else [(c, b) for c in dram_gb for b in dram_tbps]
     return [HardwarePoint(r, c, cap, bw, d2d) for (r, c) in grids for cap, bw in mem for d2d in d2d_tbps]
 
@@ -244,7 +244,8 @@ class Sweep:
 
     def __post_init__(self):
         object.__setattr__(self, "models", _distinct("models", (get_model(m).name for m in self.models)))
-        object.__setattr__(self, "workloads", _distinct("workloads", (resolve_workload_name(w) for w in self.workloads)))
+        workloads = (resolve_workload_name(w) for w in self.workloads)
+        object.__setattr__(self, "workloads", _distinct("workloads", workloads))
         if not self.models or not self.workloads:
             raise SpecError("give at least one model and one workload")
         object.__setattr__(self, "loads", _positive_list("loads", self.loads))

@@ -244,10 +244,12 @@ def _packable_pair(wafer: WaferSpec, cands: list[Candidate], strategies: Sequenc
         except SpecError:
             refused.add(shapes)
     small_p, small_d = min(pre, key=lambda c: c.config.dies), min(dec, key=lambda c: c.config.dies)
+    dies, larger = ("dies", "a larger wafer or dies with more DRAM") if wafer.is_mesh else \
+        ("GPUs", "a larger cluster or GPUs with more memory")
     raise SpecError(f"no prefill instance and decode instance that meet the SLOs can be packed together on the "
                     f"{wafer.rows}x{wafer.cols} grid of {wafer.name}: the smallest are {small_p.config.rows}x"
                     f"{small_p.config.cols} and {small_d.config.rows}x{small_d.config.cols} ("
-                    f"{small_p.config.dies} + {small_d.config.dies} dies); use a larger wafer or dies with more DRAM")
+                    f"{small_p.config.dies} + {small_d.config.dies} {dies}); use {larger}")
 
 
 def choose_partition(model: ModelSpec, wafer: WaferSpec, workload: WorkloadSpec, strategies: tuple[str, ...],
