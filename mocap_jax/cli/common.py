@@ -84,16 +84,21 @@ def placement_arg(text: str | None):
     return int_list(text)
 
 
+#: defaults of the MBKR flags (the simulator's own), one table for the parser and for the check that a flag was given
+MBKR_DEFAULTS = {"pairing": "cross-half", "p1": DEFAULT_P1, "p2": DEFAULT_P2, "read_overlap": DEFAULT_READ_OVERLAP,
+                 "spill": "overflow"}
+
+
 def add_mbkr_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("MBKR (schemes mbkr, mocap)")
-    g.add_argument("--pairing", default="cross-half", choices=PAIRINGS, help="stage pairing policy")
+    g.add_argument("--pairing", default=MBKR_DEFAULTS["pairing"], choices=PAIRINGS, help="stage pairing policy")
     g.add_argument("--p1", type=number, default=DEFAULT_P1,
                    help=f"creditor threshold, fraction of a stage's KV budget (default {DEFAULT_P1})")
     g.add_argument("--p2", type=number, default=DEFAULT_P2,
                    help=f"debtor threshold and creditor hosting limit (default {DEFAULT_P2})")
     g.add_argument("--read-overlap", type=number, default=DEFAULT_READ_OVERLAP,
                    help="fraction of local attention time that hides a remote KV read")
-    g.add_argument("--spill", default="overflow", choices=SPILL_POLICIES,
+    g.add_argument("--spill", default=MBKR_DEFAULTS["spill"], choices=SPILL_POLICIES,
                    help="overflow: move only what cannot stay local (default); eager: also what lies above p2")
 
 

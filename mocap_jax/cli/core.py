@@ -8,10 +8,9 @@ import numpy as np
 
 from .. import api
 from ..api.simulate import run
-from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..specs import HARDWARE_PRESETS, MODEL_PRESETS, get_hardware, get_model
-from .common import (add_mbkr_args, batch_arg, counted, dumps, fmt, int_list, mbkr_kwargs, placement_arg,
-                     positive_int, table)
+from .common import (MBKR_DEFAULTS, add_mbkr_args, batch_arg, counted, dumps, fmt, int_list, mbkr_kwargs,
+                     placement_arg, positive_int, table)
 
 PLANNED_SCHEMES = ("terapipe-dp", "lbcp", "mocap")
 
@@ -79,8 +78,7 @@ def check_scheme_flags(args, schemes=None) -> None:
 #: annealing defaults of ``simulate --scheme lbcp/mocap``
 CHAINS, STEPS = 256, 600
 #: defaults of the flags :func:`check_scheme_flags` checks (a flag left at its default is not "given")
-PARSER_DEFAULTS = {"chunks": None, "microbatch": 1, "pairing": "cross-half", "p1": DEFAULT_P1, "p2": DEFAULT_P2,
-                   "read_overlap": DEFAULT_READ_OVERLAP, "spill": "overflow", "chains": CHAINS, "steps": STEPS}
+PARSER_DEFAULTS = {"chunks": None, "microbatch": 1, **MBKR_DEFAULTS, "chains": CHAINS, "steps": STEPS}
 
 
 def sim_kwargs(args) -> dict:
