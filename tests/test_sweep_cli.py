@@ -19,7 +19,7 @@ def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
     quick = str(ROOT / "sweeps" / "quick.toml")
     assert main(["sweep", quick, "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "26 points, 4 bucket(s), 6 block(s) of up to 8" in text and "26 representative points" in text
+    assert "26 points, 4 buckets, 6 blocks of up to 8" in text and "26 representative points" in text
     assert main(["sweep", quick, "--out", str(out), "--quiet", "--limit", "8"]) == 0
     text = capsys.readouterr().out
     assert "INCOMPLETE" in text and "--resume" in text

@@ -90,7 +90,7 @@ def test_huge_grid_dry_run_counts_without_enumerating(tmp_path, capsys, monkeypa
     assert [b["points"] for b in d["buckets"]] == [80_000_000_000] * 2
     assert d["blocks"] == 20_000_000_000
     assert main(["sweep", str(p), "--dry-run"]) == 0
-    assert "160,000,000,000 points, 2 bucket(s), 20,000,000,000 block(s)" in capsys.readouterr().out
+    assert "160,000,000,000 points, 2 buckets, 20,000,000,000 blocks" in capsys.readouterr().out
     # run whole, it would not fit the disk: refused up front with the estimate, nothing created
     assert main(["sweep", str(p), "--out", str(tmp_path / "all"), "--quiet"]) == 2
     err = capsys.readouterr().err

@@ -177,6 +177,11 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
+def rate(v: float) -> str:
+    """A rate as text: whole numbers with separators from 100 up, three significant figures below."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def fmt(v: Any, unit: str = "", digits: int = 4) -> str:
     """A value as text: '-' for None and inf, numbers to ``digits`` significant figures."""
     if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:

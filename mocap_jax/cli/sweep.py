@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .common import counted, rate
 from .core import positive_int
 
 # The benchmark's synthetic sweep; sweeps/million.toml holds the same text (a test checks they agree).
@@ -58,18 +59,18 @@ def _pct(a, b) -> str:
 
 
 def format_summary(s) -> str:
-    lines = [f"sweep {s.name}: {s.points:,} points in {s.buckets} shape bucket(s), {s.blocks:,} block(s) "
-             f"of up to {s.block_size:,}; {s.devices} device(s) ({s.device_kind})"]
+    lines = [f"sweep {s.name}: {counted(s.points, 'point')} in {counted(s.buckets, 'shape bucket')}, "
+             f"{counted(s.blocks, 'block')} of up to {s.block_size:,}; {counted(s.devices, 'device')} ({s.device_kind})"]
     if s.complete and s.feasible is not None:
         lines.append(f"  feasible        {s.feasible:,} / {s.points:,} ({_pct(s.feasible, s.points)})")
-    lines.append(f"  evaluated       {s.evaluated:,} points now" +
+    lines.append(f"  evaluated       {counted(s.evaluated, 'point')} now" +
                  (f", {s.skipped:,} resumed from earlier blocks" if s.skipped else ""))
-    lines.append(f"  compiled        {s.compiles} program(s) in {s.compile_s:.1f} s (at most one per bucket)")
-    lines.append(f"  wall time       {s.wall_s:.1f} s, {s.points_per_s:,.0f} points/s")
+    lines.append(f"  compiled        {counted(s.compiles, 'program')} in {s.compile_s:.1f} s (at most one per bucket)")
+    lines.append(f"  wall time       {s.wall_s:.1f} s, {rate(s.points_per_s)} points/s")
     if s.complete:
         lines.append(f"  results         {s.results}")
     else:
-        lines.append(f"  INCOMPLETE      {s.blocks_done} block(s) written this run; parts in {s.out_dir}/parts; "
+        lines.append(f"  INCOMPLETE      {counted(s.blocks_done, 'block')} written this run; parts in {s.out_dir}/parts; "
                      f"rerun with --resume to finish")
     return "\n".join(lines)
 
@@ -79,14 +80,14 @@ SHOWN_BUCKETS = 40
 
 
 def format_dry_run(d: dict) -> str:
-    lines = [f"sweep {d['name']}: {d['points']:,} points, {len(d['buckets'])} bucket(s), {d['blocks']:,} block(s) "
-             f"of up to {d['block_size']:,}; config hash {d['config_hash']}",
+    lines = [f"sweep {d['name']}: {counted(d['points'], 'point')}, {counted(len(d['buckets']), 'bucket')}, "
+             f"{counted(d['blocks'], 'block')} of up to {d['block_size']:,}; config hash {d['config_hash']}",
              f"  planned from {d['representatives']:,} representative points in {d['plan_s']:.2f} s"]
     for b in d["buckets"][:SHOWN_BUCKETS]:
         lines.append(f"  {b['points']:>14,}  {b['label']}")
     rest = d["buckets"][SHOWN_BUCKETS:]
     if rest:
-        lines.append(f"  {sum(b['points'] for b in rest):>14,}  ... in {len(rest)} more bucket(s)")
+        lines.append(f"  {sum(b['points'] for b in rest):>14,}  ... in {counted(len(rest), 'more bucket')}")
     return "\n".join(lines)
 
 
@@ -287,8 +288,8 @@ def cmd_bench_sweep(args) -> int:
         if args.json:
             print(json.dumps(d))
             return 0
-        print(f"sweep benchmark by bucket: {d['points']:,} points of {d['source']} in {len(d['buckets'])} "
-              f"bucket(s), each run alone, on {d['devices']} {d['device_kind']} device(s)")
+        print(f"sweep benchmark by bucket: {d['points']:,} points of {d['source']} in "
+              f"{counted(len(d['buckets']), 'bucket')}, each run alone, on {counted(d['devices'], d['device_kind'] + ' device')}")
         print(f"  {d['evaluate_s']:.1f} s evaluating ({d['points_per_s_excluding_compile']:,.0f} points/s), "
               f"{d['compile_s']:.1f} s compiling")
         for r in sorted(d["buckets"], key=lambda r: -r["evaluate_s"]):
@@ -301,7 +302,7 @@ def cmd_bench_sweep(args) -> int:
     if args.json:
         print(json.dumps(d))
         return 0
-    print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {d['devices']} {d['device_kind']} device(s)")
+    print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {counted(d['devices'], d['device_kind'] + ' device')}")
     print(f"  wall time        {d['wall_s']:.1f} s (compile {d['compile_s']:.1f} s, {d['compiles']} programs; "
           f"merging the parts {d['assemble_s']:.1f} s)")
     print(f"  throughput       {d['points_per_s']:,.0f} points/s ({d['points_per_s_excluding_compile']:,.0f} "

@@ -14,7 +14,7 @@ from ..wsc import baselines as bl
 from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
-from ..wsc.workload import WORKLOAD_TTFT_SLOS
+from ..wsc.workload import WORKLOAD_PRESETS, WORKLOAD_TTFT_SLOS
 from .common import check_figure_file, check_output_dir, counted, progress_bar
 from .wsc_args import (METRIC_COLUMNS, emit_json, floats, metric_cells, names, program_dtype, serving_args,
                        serving_config, table)
@@ -36,7 +36,7 @@ def sweep_args(p) -> None:
     g = p.add_argument_group("sweep")
     g.add_argument("--models", default=EXPLORE_DEFAULTS["models"], help="comma-separated model presets")
     g.add_argument("--workloads", default=EXPLORE_DEFAULTS["workloads"],
-                   help="comma-separated workload presets (azure-code, azure-conv, long-context)")
+                   help=f"comma-separated workload presets ({', '.join(WORKLOAD_PRESETS)})")
     g.add_argument("--loads", default=EXPLORE_DEFAULTS["loads"],
                    help=f"rates as multiples of the reference design's capacity (default {EXPLORE_DEFAULTS['loads']})")
     g.add_argument("--dram-gb", dest="dram_gb", default=EXPLORE_DEFAULTS["dram_gb"],

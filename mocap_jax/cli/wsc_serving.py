@@ -191,7 +191,8 @@ def cmd_bench_serving(args) -> int:
 def register_serving(sub, bench_sub) -> None:
     """``wsc-llm trace|serve`` and ``bench wsc-serving``."""
     tr = sub.add_parser("trace", help="statistics of a workload: synthetic preset or Azure-format trace .csv")
-    tr.add_argument("--workload", default="azure-conv", help="azure-code, azure-conv (aliases code, conv) or a .csv")
+    tr.add_argument("--workload", default="azure-conv",
+                    help=f"{', '.join(WORKLOAD_PRESETS)} (aliases code, conv) or an Azure-format trace .csv")
     tr.add_argument("--requests", type=int, help="first N requests (default: 1000 for a preset, all for a file)")
     tr.add_argument("--rate", type=float, help="rescale to this arrival rate, req/s")
     tr.add_argument("--seed", type=seed, default=0)
