@@ -185,6 +185,16 @@ def test_bad_input_raises_value_error(kwargs, fragment):
         mj.simulate(args.pop("model"), args.pop("hardware"), args.pop("seq_len"), **args)
 
 
+def test_advice_for_a_value_over_its_limit_is_not_given_for_one_under_it():
+    """'Use fewer, longer chunks' helps with 5,000 chunks and misleads with 0."""
+    with pytest.raises(ValueError) as low:
+        mj.simulate("llama3.1-8b", "mocap-2x2", 8192, chunks=0)
+    with pytest.raises(ValueError) as high:
+        mj.simulate("llama3.1-8b", "mocap-2x2", 8192, chunks=5000)
+    assert "positive integer" in str(low.value) and "fewer" not in str(low.value)
+    assert "4,096" in str(high.value) and "Use fewer, longer chunks" in str(high.value)
+
+
 @pytest.mark.parametrize("pattern", ["none", "all", "front", "back", "scattered"])
 def test_spill_compacted_runs_the_spill_program_only_on_the_steps_it_needs(pattern):
     """Oracle: every row that fits keeps its plain value and every other row gets the spill function's

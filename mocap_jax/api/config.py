@@ -217,7 +217,7 @@ class Config:
 
 def check_chunks(chunks) -> int:
     """A chunk count M of a chunked scheme, at most ``LIMITS["chunks"]``."""
-    return checks.integer("chunks", chunks, 1, LIMITS["chunks"], " Use fewer, longer chunks.")
+    return checks.integer("chunks", chunks, 1, LIMITS["chunks"], above=" Use fewer, longer chunks.")
 
 
 GPIPE_PARTITION = ("partition applies to the chunked schemes (terapipe, mbkr), not gpipe; GPipe splits the batch "

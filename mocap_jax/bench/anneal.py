@@ -26,7 +26,7 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     uniform and best objectives.
     """
     t0 = time.perf_counter()
-    checks.integer("chains", chains, 1, LIMITS["chains"], " Each chain holds its partition and its objective's "
+    checks.integer("chains", chains, 1, LIMITS["chains"], above=" Each chain holds its partition and its objective's "
                    "evaluations (a few KB): use fewer chains.")
     checks.integer("steps", steps, 1, LIMITS["steps"])
     U = check_granularity(seq_len, chunks, granularity)

@@ -61,7 +61,7 @@ class PlanSettings:
             raise SpecError("chunk_counts must name at least one chunk count")
         for name in ("granularity", "steps", "max_shift", "max_batch"):
             setattr(self, name, checks.integer(name, getattr(self, name), 1, 1 << 24))
-        self.chains = checks.integer("chains", self.chains, 1, LIMITS["chains"], " Each chain holds its partition and "
+        self.chains = checks.integer("chains", self.chains, 1, LIMITS["chains"], above=" Each chain holds its partition and "
                                      "its objective's evaluations (a few KB): use fewer chains.")
         self.seed = checks.integer("seed", self.seed, 0, LIMITS["seed"])
         checks.choice("objective", self.objective, OBJECTIVES)

@@ -89,14 +89,18 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def integer(name: str, v: Any, lo: int = 1, hi: int | None = None, hint: str = "") -> int:
-    """``v`` as an ``int`` in ``[lo, hi]``; integral floats (``4096.0``) are accepted."""
+def integer(name: str, v: Any, lo: int = 1, hi: int | None = None, hint: str = "", *, above: str = "") -> int:
+    """``v`` as an ``int`` in ``[lo, hi]``; integral floats (``4096.0``) are accepted.
+
+    ``hint`` ends every message; ``above`` ends only the message for a value over ``hi`` (advice
+    such as "use fewer chains" that would mislead for a value that is too small).
+    """
     if _is_real(v) and not _is_integer(v):
         f = float(v)
         if not math.isfinite(f) or not f.is_integer():
             raise SpecError(f"{name} must be an integer, got {v!r}.{hint}")
         if abs(f) > 2 ** 62:
-            raise SpecError(f"{name} = {v!r} is too large: the largest accepted value is {hi}.{hint}")
+            raise SpecError(f"{name} = {v!r} is too large: the largest accepted value is {hi}.{hint}{above}")
         v = int(f)
     if not _is_integer(v):
         raise SpecError(f"{name} must be an integer, got {type(v).__name__} {v!r}.{hint}")
@@ -105,7 +109,7 @@ def integer(name: str, v: Any, lo: int = 1, hi: int | None = None, hint: str = "
         what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
         raise SpecError(f"{name} must be {what}, got {v}.{hint}")
     if hi is not None and v > hi:
-        raise SpecError(f"{name} = {v} exceeds the largest value accepted, {hi:,}.{hint}")
+        raise SpecError(f"{name} = {v} exceeds the largest value accepted, {hi:,}.{hint}{above}")
     return v
 
 

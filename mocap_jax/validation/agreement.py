@@ -200,8 +200,8 @@ def check_configs(name: str, n: Any, lo: int = 1) -> int:
     """``n`` configurations to run through the event-driven reference, as an int in
     ``[lo, LIMITS["reference_configs"]]``."""
     return checks.integer(name, n, lo, LIMITS["reference_configs"],
-                          hint=" The reference takes milliseconds per configuration; split a larger check into "
-                               "runs with different seeds.")
+                          above=" The reference takes milliseconds per configuration; split a larger check into "
+                                "runs with different seeds.")
 
 
 def sample_configs(n: int, seed: int = 0, **kw) -> list[AgreementConfig]:

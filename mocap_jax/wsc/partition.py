@@ -181,7 +181,7 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
     a multiple of 16) so that grids and sweeps of different sizes share one compiled program.
     Returns one candidate list per wafer.
     """
-    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, " Decode batches are searched up to it; give a "
+    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, above=" Decode batches are searched up to it; give a "
                    "realistic bound (default 512).")
     wafers = list(wafers)
     first = wafers[0]
@@ -309,7 +309,7 @@ def partition(model: "str | ModelSpec", wafer: "str | WaferSpec", workload: "str
     workload = get_workload(workload, rate)
     strategies = validate_strategies(strategies)
     targets = ServingTargets.make(chunk_tokens, tpot_slo_s, ttft_slo_s, dtype)
-    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, " Decode batches are searched up to it; give a "
+    checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, above=" Decode batches are searched up to it; give a "
                    "realistic bound (default 512).")
     if max_instance_dies is not None and (not isinstance(max_instance_dies, int) or max_instance_dies < 1):
         raise SpecError(f"max_instance_dies must be a positive integer, got {max_instance_dies!r}")
