@@ -7,7 +7,9 @@ from pathlib import Path
 
 from ..specs import get_model
 from ..study import claims
-from ..study.reproduce import StudyConfig, run_claims, run_study, study_lengths, summary_table, write_csv
+from ..study.reproduce import (StudyConfig, comparison_settings, run_claims, run_study, study_comparison, study_lengths,
+                               summary_table, write_csv)
+from ..study.steps import StepStore
 from .common import check_output_dir, dumps, progress, positive_int, seed
 
 
@@ -27,7 +29,7 @@ def cmd_reproduce(args) -> int:
         cfg.models = study_models(args.models)
     if args.no_sensitivity:
         cfg.sensitivity = False
-    res = run_study(cfg, args.results, args.figures, log=lambda m: progress(m, args.quiet))
+    res = run_study(cfg, args.results, args.figures, log=lambda m: progress(m, args.quiet), resume=args.resume)
     print(summary_table(res))
     return 0
 
@@ -43,8 +45,6 @@ def cmd_claims(args) -> int:
                           chunks=args.chunks, min_seq_len=args.min_seq_len)
         if args.models:
             cfg.models = study_models(args.models)
-        from ..study.compare import compare
-        from ..study.reproduce import _settings
 
         t0 = time.perf_counter()
         stamp = lambda: f"[{time.perf_counter() - t0:6.1f}s]"
@@ -54,20 +54,24 @@ def cmd_claims(args) -> int:
         why = "" if args.run else f"{path} not found (mocap-jax reproduce writes it), so "
         log(f"claims: {why}{count} comparisons run now ({', '.join(cfg.models)}), then the claims"
             + ("" if args.no_sensitivity else " and their sensitivity (--no-sensitivity skips it)"))
+        steps = StepStore(out_dir / ".claims-steps", args.resume)
         rows = []
         for model, lengths in lengths_of.items():
             for S in lengths:
-                out = compare(model, cfg.hardware, S, schemes=("gpipe", "terapipe", "terapipe-dp", "mocap"),
-                              settings=_settings(cfg, S))
+                out = study_comparison(steps, model, cfg.hardware, S, ("gpipe", "terapipe", "terapipe-dp", "mocap"),
+                                       comparison_settings(cfg, S))
                 rows += [{"model": model, "seq_len": S, "load_rps": out["load_rps"], **r} for r in out["schemes"]]
                 log(f"{stamp()} claims: {model} S = {S:,} compared")
         out_dir.mkdir(parents=True, exist_ok=True)
         rows_path = out_dir / "claims_rows.csv"
         write_csv(rows_path, rows)
         log(f"{stamp()} claims: comparison rows written to {rows_path}")
-        ledger, _ = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp)
+        ledger, _ = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp, steps=steps)
         if not args.no_sensitivity:
             claims.plot_sensitivity(ledger, Path(args.figures) / "claims_sensitivity.png")
+        if steps.reused:
+            log(f"{stamp()} claims: finished steps taken from an earlier run: {steps.reused}")
+        steps.finish()
         source = "computed now"
     if args.json:
         print(dumps({"source": source, "ledger": ledger}))
@@ -75,6 +79,10 @@ def cmd_claims(args) -> int:
         print(f"claims ledger ({source})")
         print(claims.format_ledger(ledger))
     return 0
+
+
+RESUME_HELP = ("take the comparisons and sensitivity variants an interrupted run finished from {dir} "
+               "(kept until a run completes) instead of running them again")
 
 
 def register(sub, bench_sub) -> None:
@@ -87,6 +95,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
                    help="chunk count M of the chunked schemes (TeraPipe, MBKR, LBCP, MOCAP)")
     p.add_argument("--seed", type=seed, default=1)
+    p.add_argument("--resume", action="store_true", help=RESUME_HELP.format(dir="RESULTS/.reproduce-steps"))
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_reproduce)
 
@@ -103,6 +112,8 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--chunks", type=positive_int, default=StudyConfig.chunks,
                    help="chunk count M of the chunked schemes (with --run)")
     p.add_argument("--seed", type=seed, default=1)
+    p.add_argument("--resume", action="store_true",
+                   help=RESUME_HELP.format(dir="RESULTS/.claims-steps") + " (with --run)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_claims)

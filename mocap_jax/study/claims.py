@@ -263,16 +263,22 @@ def with_sensitivity(row: dict, sensitivity: dict) -> dict:
     return row
 
 
-def run_sensitivity(setting: ClaimSetting, log=None) -> dict:
-    """Claim metrics for the default assumptions and each one-at-a-time variant: ``{name: {value: metrics}}``."""
+def run_sensitivity(setting: ClaimSetting, log=None, steps=None) -> dict:
+    """Claim metrics for the default assumptions and each one-at-a-time variant: ``{name: {value: metrics}}``.
+
+    ``steps`` (a :class:`~mocap_jax.study.steps.StepStore`) keeps each variant's metrics on disk as it
+    finishes, so an interrupted run resumes at the next variant.
+    """
     out: dict = {}
     t0 = time.perf_counter()
     for v in variants():
-        metrics = claim_values(comparison_rows(setting, v), max_seq_rows(setting, v))
+        compute = lambda v=v: claim_values(comparison_rows(setting, v), max_seq_rows(setting, v))
+        metrics = steps.run("sensitivity", {"setting": setting, "variant": v}, compute) if steps else compute()
         out.setdefault(v.name, {})[v.value] = metrics
         if log:
             log(f"[{time.perf_counter() - t0:6.1f}s] sensitivity {v.name} = {v.value}: "
-                + ", ".join(f"({k}) {_fmt(x)}" for k, x in metrics.items()))
+                + ", ".join(f"({k}) {_fmt(x)}" for k, x in metrics.items())
+                + (" (from an earlier run)" if steps and steps.last_reused else ""))
     return out
 
 

@@ -18,7 +18,6 @@ import csv
 import io
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from ..partition.plan import PlanSettings
 from ..specs import LIMITS, STUDY_MODELS, SpecError, checks
 from . import claims
 from .compare import CompareSettings, batch_text, compare
+from .steps import StepStore, write_text
 
 STUDY_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
 UNITS_PER_SEQUENCE = 256
@@ -93,20 +93,22 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     write_text(path, buf.getvalue())
 
 
-def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _settings(cfg: StudyConfig, S: int) -> CompareSettings:
+def comparison_settings(cfg: StudyConfig, S: int) -> CompareSettings:
+    """The comparison setting of one sequence length of the study (granularity S / 256)."""
     plan = PlanSettings(chunks=cfg.chunks, granularity=S // UNITS_PER_SEQUENCE, chains=cfg.chains, steps=cfg.steps,
                         seed=cfg.seed)
     return CompareSettings(chunks=cfg.chunks, plan=plan, requests=cfg.requests, seed=cfg.seed, with_max_seq=False)
 
 
-def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir="figures", log=print) -> dict:
-    """Run the whole study; returns its rows, the claims ledger and the figure paths, and writes files."""
+def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir="figures", log=print,
+              resume: bool = False) -> dict:
+    """Run the whole study; returns its rows, the claims ledger and the figure paths, and writes files.
+
+    Each comparison, the claims' longest sequences and each sensitivity variant are kept in
+    ``results_dir/.reproduce-steps`` as they finish; with ``resume`` a rerun after an interruption
+    takes them from there (when their inputs are the same) instead of running them again.  The
+    directory is removed when the study completes.
+    """
     from ..figures import chunks as fchunks, gantt as fgantt, latency as flatency, max_seq as fmax, occupancy as focc
 
     cfg = cfg or StudyConfig()
@@ -115,6 +117,7 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
     res_dir.mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
     stamp = lambda: f"[{time.perf_counter() - t0:6.1f}s]"
+    steps = StepStore(res_dir / ".reproduce-steps", resume)
     rows, longest, lengths_of = [], {}, {}
     for model in cfg.models:
         lengths, smax = study_lengths(model, cfg)
@@ -122,12 +125,13 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
         log(f"{stamp()} {model}: lengths {', '.join(f'{s // 1024}K' for s in lengths)} (longest feasible "
             f"{smax:,} tokens)")
         for S in lengths:
-            out = compare(model, cfg.hardware, S, schemes=cfg.schemes, settings=_settings(cfg, S))
+            out = study_comparison(steps, model, cfg.hardware, S, cfg.schemes, comparison_settings(cfg, S))
             for r in out["schemes"]:
                 rows.append({"model": model, "hardware": out["hardware"], "seq_len": S, "load_rps": out["load_rps"],
                              "max_batch": out["max_batch"], **r})
             log(f"{stamp()}   S = {S:>9,}: load {out['load_rps']:.3g} req/s, "
-                + ", ".join(f"{r['scheme']} {_s(r['e2e_latency_mean_s'])}" for r in out["schemes"]))
+                + ", ".join(f"{r['scheme']} {_s(r['e2e_latency_mean_s'])}" for r in out["schemes"])
+                + (" (from an earlier run)" if steps.last_reused else ""))
     write_csv(res_dir / "study.csv", rows)
 
     ms = fmax.run_max_seq(cfg.figure_model, cfg.hardware, cfg.chunk_counts, granularity=UNITS_PER_SEQUENCE * 64)
@@ -156,24 +160,37 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
                                             for k in range(len(cd["uniform_partition"]))])
     log(f"{stamp()} figures written to {fig_dir}/")
 
-    ledger, sensitivity = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp)
+    ledger, sensitivity = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp, steps=steps)
     write_text(res_dir / "claims.json", json.dumps({"ledger": ledger, "sensitivity": sensitivity}, indent=1,
                                                    default=_json_default))
     write_csv(res_dir / "claims.csv", [{k: v for k, v in r.items() if k != "sensitivity"} for r in ledger])
     if sensitivity:
         figs["claims"] = claims.plot_sensitivity(ledger, fig_dir / "claims_sensitivity.png")
     wall = time.perf_counter() - t0
+    if steps.reused:
+        log(f"{stamp()} finished steps taken from an earlier run: {steps.reused}")
+    steps.finish()
     log(f"{stamp()} done")
     return {"rows": rows, "max_seq": max_rows, "longest": longest, "figures": figs, "claims": ledger,
             "wall_s": wall, "results_dir": str(res_dir), "figures_dir": str(fig_dir)}
 
 
-def run_claims(cfg: StudyConfig, rows: list[dict], lengths_of: dict, log=print, stamp=lambda: ""):
-    """The claims ledger from the study rows, max-sequence rows of every model, and the sensitivity runs."""
+def study_comparison(steps: StepStore, model: str, hardware: str, seq_len: int, schemes, settings: CompareSettings):
+    """One comparison of the study (``compare``), kept in ``steps`` as it finishes."""
+    return steps.run("compare", {"model": model, "hardware": hardware, "seq_len": seq_len, "schemes": schemes,
+                                 "settings": settings},
+                     lambda: compare(model, hardware, seq_len, schemes=schemes, settings=settings))
+
+
+def run_claims(cfg: StudyConfig, rows: list[dict], lengths_of: dict, log=print, stamp=lambda: "",
+               steps: StepStore | None = None):
+    """The claims ledger from the study rows, max-sequence rows of every model, and the sensitivity runs
+    (each kept in ``steps`` as it finishes, where given)."""
     setting = claims.ClaimSetting(models=cfg.models, hardware=cfg.hardware, lengths=lengths_of,
                                   chunk_counts=tuple(m for m in (4, 8, 16, 32) if m in cfg.chunk_counts) or
                                   cfg.chunk_counts, chains=cfg.chains, steps=cfg.steps, requests=cfg.requests)
-    seq_rows = claims.max_seq_rows(setting, claims.Variant())
+    compute = lambda: claims.max_seq_rows(setting, claims.Variant())
+    seq_rows = steps.run("max-seq", {"setting": setting}, compute) if steps else compute()
     first = cfg.models[0]
     default_rows = [r for r in rows if r["model"] == first and r["seq_len"] == lengths_of[first][0]] \
         if lengths_of.get(first) else []
@@ -181,7 +198,7 @@ def run_claims(cfg: StudyConfig, rows: list[dict], lengths_of: dict, log=print, 
     sensitivity = None
     if cfg.sensitivity:
         reduced = claims.reduced_setting({first: tuple(lengths_of[first][1:3]) or lengths_of[first]})
-        sensitivity = claims.run_sensitivity(reduced, log=lambda m: log(f"{stamp()} {m}"))
+        sensitivity = claims.run_sensitivity(reduced, log=lambda m: log(f"{stamp()} {m}"), steps=steps)
     ledger = claims.ledger(rows, seq_rows, default_rows, default_seq, sensitivity)
     log(f"{stamp()} claims ledger done")
     return ledger, sensitivity
