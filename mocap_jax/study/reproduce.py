@@ -14,8 +14,6 @@ compiled programs; only the first evaluation of each shape compiles.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -25,9 +23,10 @@ from pathlib import Path
 from ..api.search import max_feasible_seq_len
 from ..partition.plan import PlanSettings
 from ..specs import LIMITS, STUDY_MODELS, SpecError, checks
+from ..specs.files import write_atomic, write_rows
 from . import claims
 from .compare import CompareSettings, batch_text, compare
-from .steps import StepStore, write_text
+from .steps import StepStore
 
 STUDY_SCHEMES = ("gpipe", "terapipe", "terapipe-dp", "mbkr", "lbcp", "mocap")
 UNITS_PER_SEQUENCE = 256
@@ -80,17 +79,10 @@ def study_lengths(model: str, cfg: StudyConfig) -> tuple[list[int], int]:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """Rows as CSV, written atomically (lists and dicts as JSON, non-finite numbers as 'inf')."""
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (json.dumps(v) if isinstance(v, (list, dict, tuple)) else
-                        ("inf" if v is None and k.endswith("_s") else v)) for k, v in r.items()})
-    write_text(path, buf.getvalue())
+    """Rows as CSV, written atomically (lists and dicts as JSON, a missing latency as 'inf')."""
+    if rows:
+        write_rows(path, rows, lambda k, v: json.dumps(v) if isinstance(v, (list, dict, tuple)) else
+                   ("inf" if v is None and k.endswith("_s") else v))
 
 
 def comparison_settings(cfg: StudyConfig, S: int) -> CompareSettings:
@@ -161,7 +153,7 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
     log(f"{stamp()} figures written to {fig_dir}/")
 
     ledger, sensitivity = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp, steps=steps)
-    write_text(res_dir / "claims.json", json.dumps({"ledger": ledger, "sensitivity": sensitivity}, indent=1,
+    write_atomic(res_dir / "claims.json", json.dumps({"ledger": ledger, "sensitivity": sensitivity}, indent=1,
                                                    default=_json_default))
     write_csv(res_dir / "claims.csv", [{k: v for k, v in r.items() if k != "sensitivity"} for r in ledger])
     if sensitivity:

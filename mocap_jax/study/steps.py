@@ -20,12 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, so the file is whole or absent."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from ..specs.files import write_atomic
 
 
 def _plain(obj: Any) -> Any:
@@ -70,8 +65,7 @@ class StepStore:
                 pass  # a file this store did not write whole: compute the step again
         self.last_reused = False
         value = compute()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_text(path, json.dumps({"key": key, "value": value}))
+        write_atomic(path, json.dumps({"key": key, "value": value}))
         return value
 
     def finish(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..specs import SpecError
+from ..specs.files import write_atomic
 from .config import DIE_FIELDS
 
 FORMATS = {"csv": ".csv", "parquet": ".parquet"}
@@ -84,14 +85,6 @@ def pyarrow():
         raise SpecError('Parquet output needs pyarrow: pip install "mocap_jax[parquet]" (or pip install pyarrow), '
                         'or write CSV') from None
     return pa
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb" if isinstance(data, bytes) else "w", newline=None if isinstance(data, bytes) else "") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
 
 
 class PartWriter:

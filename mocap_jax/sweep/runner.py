@@ -26,7 +26,8 @@ from ..specs import SpecError, checks
 from . import layout as files
 from .config import MAX_BLOCK, load_sweep
 from .evaluate import Evaluator
-from .output import PartWriter, assemble, write_atomic
+from ..specs.files import write_atomic
+from .output import PartWriter, assemble
 from .plan import Bucket, Plan
 
 

@@ -20,10 +20,8 @@ The best design per workload is chosen by :mod:`mocap_jax.wsc.ranking`.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any, Sequence
 
 import jax.numpy as jnp
 
-from ..specs import LIMITS, SpecError, checks, get_model
+from ..specs import LIMITS, SpecError, checks, files, get_model
 from . import serving as sv
 from .hardware import WaferSpec, wsc_wafer
 from .setup import ServingConfig, build_setup, build_setups
@@ -178,22 +176,8 @@ class ExploreResult:
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: "str | Path") -> Path:
-    """Write dict rows as CSV (union of keys, in first-seen order), atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in keys})
-    os.replace(tmp, path)
-    return path
+    """Write dict rows as CSV (union of keys, in first-seen order), atomically."""
+    return files.write_rows(path, rows)
 
 
 def workload_config(config: ServingConfig, workload: str, slos: dict[str, float] | None) -> ServingConfig:

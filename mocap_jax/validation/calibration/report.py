@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...specs.files import write_atomic
+
 from .fit import (fit_cost_model, fit_linear_baseline, mape, predict_chunk_times, predict_linear_baseline, split_cells,
                   with_fitted)
 from .measure import PRECALL_BELOW_S, measure, measure_isolated, nominal_hardware
@@ -160,9 +162,7 @@ def run_calibration(size: str = "cpu", seed: int = 0, json_path=None, figure_pat
     report["wall_s"] = time.perf_counter() - t_wall
     report = jsonable(report)
     if json_path is not None:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        path = write_atomic(json_path, json.dumps(report, indent=2) + "\n")
         report["json_path"] = str(path)
     if figure_path is not None:
         report["figure_path"] = str(plot_calibration(report, figure_path))
