@@ -52,3 +52,20 @@ def test_steps_are_reused_only_when_asked_and_only_whole(tmp_path):
     store.run("x", {}, lambda: 1)
     store.finish()
     assert not (tmp_path / "steps").exists()
+
+
+def test_a_table_that_fails_half_way_leaves_the_earlier_file_whole(tmp_path):
+    from mocap_jax.specs.files import write_rows
+
+    path = write_rows(tmp_path / "t" / "rows.csv", [{"a": 1, "b": [2, 3]}, {"c": "x"}])
+    before = path.read_text()
+    assert before.splitlines() == ["a,b,c", '1,"[2, 3]",', ",,x"]
+
+    def cell(key, value):
+        if key == "c":
+            raise RuntimeError("interrupted")
+        return value
+
+    with pytest.raises(RuntimeError):
+        write_rows(path, [{"a": 9}, {"c": "y"}], cell)
+    assert path.read_text() == before and [p.name for p in path.parent.iterdir()] == ["rows.csv"]
