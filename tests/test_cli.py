@@ -297,6 +297,51 @@ def test_stderr_filter_installed_in_a_process_filters_its_file_descriptor_2():
     assert p.returncode == 0 and p.stderr == "before\nkept\nafter\n", p.stderr
 
 
+def test_stderr_filter_sync_waits_for_everything_sent_before_it_in_pieces_of_any_size():
+    """Each SYNC, even cut across reads, is dropped from the text and answered once, after the text before it."""
+    import threading
+    import time
+
+    from mocap_jax.cli.stderr_filter import SYNC, pump
+
+    text = b"\rbar 10%" + SYNC + b"\rbar 100%\n" + SYNC + b"done\n"
+    cuts = [0, 3, 9, 12, 20, 31, len(text)]
+    source_r, source_w = os.pipe()
+    sink_r, sink_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+
+    def feed():
+        for a, b in zip(cuts, cuts[1:]):
+            os.write(source_w, text[a:b])
+            time.sleep(0.02)
+        os.close(source_w)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    pump(source_r, sink_w, answers_w)
+    writer.join()
+    for fd in (source_r, sink_w, answers_w):
+        os.close(fd)
+    assert os.read(sink_r, 1 << 16) == b"\rbar 10%\rbar 100%\ndone\n"
+    assert os.read(answers_r, 16) == b"11"
+    os.close(sink_r)
+    os.close(answers_r)
+
+
+def test_a_progress_bar_is_on_the_terminal_before_the_output_after_it():
+    """A bar's last redraw (carriage return, text) written before the command's next line of output
+    arrives first, so it cannot overwrite that line."""
+    script = ("import os, sys\n"
+              "from mocap_jax.cli.stderr_filter import install, sync\n"
+              "assert install()\n"
+              "for k in range(200):\n"
+              "    os.write(2, b'\\rbar %d' % k)\n"
+              "sync()\n"
+              "os.write(1, b'result\\n')\n")
+    p = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    assert p.returncode == 0 and p.stdout.endswith(b"\rbar 199result\n"), p.stdout[-60:]
+
+
 def test_top_level_help_names_every_benchmark():
     import argparse
 

@@ -233,3 +233,7 @@ def progress_bar(description: str, unit: str, quiet: bool = False):
     finally:
         for bar in bars:
             bar.close()
+        if bars:
+            from .stderr_filter import sync
+
+            sync()  # the bar's last redraw is on the terminal before the command's next output

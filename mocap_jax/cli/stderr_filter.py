@@ -16,6 +16,11 @@ dropped from it).  A separate process rather than a thread: if this
 process dies, the child still receives everything written before and writes it out.  It ignores
 terminal signals (its own session), so Ctrl-C reaches only the command.
 
+Because the child writes what it is given a moment later, a progress bar's last redraw (a carriage
+return and the bar's text) could land on the terminal after the command's next line on standard
+output and overwrite it.  :func:`sync` waits until the child has written everything sent before it:
+it sends :data:`SYNC`, which the child drops and answers on a pipe of its own.
+
 Run directly, this file is the child: standard input to standard error, filtered.  It imports
 only the standard library.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import sys
 
 #: the false alarm: a C++ log line (``E``, date, time, thread) from ``cpu_aot_loader.cc`` about one of
@@ -37,6 +43,10 @@ MAYBE_NOISE = re.compile(rb"E(?:\d{0,4}|\d{4} [0-9:. ]*|\d{4} [0-9:.]+ +\d+ [^\r
 HOLD_BYTES = 1 << 16
 #: where a line ends: a newline, or a carriage return (a progress bar redraws its line after one)
 LINE_END = re.compile(rb"[\r\n]")
+#: sent by :func:`sync`: the child writes everything before it, drops it and answers (text never holds NUL)
+SYNC = b"\x00mocap-jax:sync\x00"
+#: the read end of the child's answers, while the filter is installed
+_answers: int | None = None
 
 
 class LineFilter:
@@ -83,12 +93,42 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def pump(source: int = 0, sink: int = 2) -> None:
-    """Copy ``source`` to ``sink`` through a :class:`LineFilter` until the end of ``source``."""
-    lines = LineFilter()
+def _partial_sync(data: bytes) -> int:
+    """The length of the longest end of ``data`` that may be the start of a :data:`SYNC` cut short."""
+    for n in range(min(len(data), len(SYNC) - 1), 0, -1):
+        if SYNC.startswith(data[-n:]):
+            return n
+    return 0
+
+
+def pump(source: int = 0, sink: int = 2, answers: int | None = None) -> None:
+    """Copy ``source`` to ``sink`` through a :class:`LineFilter` until the end of ``source``; at each
+    :data:`SYNC`, once everything before it is written, write one byte to ``answers``."""
+    lines, carry = LineFilter(), b""
     while chunk := os.read(source, 1 << 16):
-        _write_all(sink, lines.feed(chunk))
-    _write_all(sink, lines.close())
+        *done, rest = (carry + chunk).split(SYNC)
+        for part in done:
+            _write_all(sink, lines.feed(part))
+            if answers is not None:
+                _write_all(answers, b"1")
+        keep = _partial_sync(rest)
+        carry = rest[len(rest) - keep:] if keep else b""
+        _write_all(sink, lines.feed(rest[:len(rest) - keep]))
+    _write_all(sink, lines.feed(carry) + lines.close())
+
+
+def sync(timeout_s: float = 2.0) -> None:
+    """Wait (at most ``timeout_s``) until the filter has written all that this process sent to its
+    standard error; nothing to do where the filter is not installed."""
+    if _answers is None:
+        return
+    try:
+        sys.stderr.flush()
+        os.write(2, SYNC)
+        if select.select([_answers], [], [], timeout_s)[0]:
+            os.read(_answers, 1)
+    except (OSError, ValueError):
+        pass
 
 
 def install() -> bool:
@@ -100,22 +140,30 @@ def install() -> bool:
 
     if os.name != "posix" or sys.stderr is not sys.__stderr__ or os.environ.get("MOCAP_JAX_RAW_STDERR"):
         return False
+    global _answers
     try:
         sys.stderr.flush()
-        child = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, start_new_session=True)
+        answers, answer_end = os.pipe()
+        child = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__), str(answer_end)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+                                 pass_fds=(answer_end,))
     except OSError:
         return False
+    os.close(answer_end)
+    _answers = answers
     saved = os.dup(2)
     os.dup2(child.stdin.fileno(), 2)
 
     def restore() -> None:
+        global _answers
         try:
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
         os.dup2(saved, 2)
         os.close(saved)
+        os.close(answers)
+        _answers = None
         child.stdin.close()
         try:
             child.wait(timeout=10)
@@ -127,4 +175,4 @@ def install() -> bool:
 
 
 if __name__ == "__main__":
-    pump()
+    pump(answers=int(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .common import counted, rate
 from .core import positive_int
+from .stderr_filter import sync
 
 # The benchmark's synthetic sweep; sweeps/million.toml holds the same text (a test checks they agree).
 MILLION_TOML = """\
@@ -102,6 +103,7 @@ def cmd_sweep(args) -> int:
         return 0
     s = sweep.run_sweep(args.file, args.out, resume=args.resume, devices=args.devices, block_size=args.block_size,
                         quiet=args.quiet, limit=args.limit, overwrite=args.overwrite, format=args.format)
+    sync()  # the progress bar's last redraw is on the terminal before the summary
     print(json.dumps(s.to_dict()) if args.json else format_summary(s))
     return 0
 
