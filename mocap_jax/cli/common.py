@@ -206,9 +206,12 @@ def table(rows: Sequence[dict], columns: Sequence[tuple[str, str]], digits: int 
 
 
 def progress(message: str, quiet: bool = False) -> None:
-    """One line of progress on stderr (long commands)."""
+    """One line of progress on stderr (long commands), on the terminal before any output after it."""
     if not quiet:
+        from .stderr_filter import sync
+
         print(message, file=sys.stderr, flush=True)
+        sync()
 
 
 @contextlib.contextmanager
