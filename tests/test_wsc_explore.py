@@ -89,7 +89,7 @@ def test_explore_rows_best_and_csv(explored, tmp_path):
     assert {b["workload"] for b in res.best_per_model} == {"azure-code", "azure-conv"}
     path = res.write_csv(tmp_path / "x.csv")
     rows = list(csv.DictReader(path.open()))
-    assert len(rows) == len(res.rows) and {"dram_gb", "d2d_tbps", "goodput_rps", "e2e_p99", "tokens_per_s"} <= set(rows[0])
+    assert len(rows) == len(res.rows) and {"dram_gb", "d2d_tbps", "goodput_rps", "e2e_p99_s", "tokens_per_s"} <= set(rows[0])
 
 
 def test_design_space_figure_run_and_plot(explored, tmp_path):
@@ -163,7 +163,7 @@ def test_baselines_table_gains_and_figures(baselines, tmp_path):
     assert row[("ablation", "no memory scheduler", 1.0)]["memory"] == "local"
     assert row[("ablation", "no central scheduler", 1.0)]["scheduler"] == "naive"
     # the full system and its ablation row are the same simulation
-    assert row[("ablation", "WSC-LLM (full)", 2.0)]["e2e_mean"] == row[("system", "wafer + WSC-LLM", 2.0)]["e2e_mean"]
+    assert row[("ablation", "WSC-LLM (full)", 2.0)]["e2e_mean_s"] == row[("system", "wafer + WSC-LLM", 2.0)]["e2e_mean_s"]
     g = res.gains[0]
     a, b = row[("system", "wafer + WSC-LLM", 1.0)]["goodput_rps"], row[("system", "A100 + WSC-LLM sched.", 1.0)]["goodput_rps"]
     assert g["hardware_gain_wsc"] == pytest.approx(a / b)

@@ -77,8 +77,8 @@ def test_determinism_under_a_seed(setup):
 
 def test_more_load_more_queueing(setup):
     lo, hi = _run(setup, seed=3, load=0.3), _run(setup, seed=3, load=3.0)
-    assert hi.metrics["ttft_mean"] > lo.metrics["ttft_mean"]
-    assert hi.metrics["e2e_mean"] > lo.metrics["e2e_mean"]
+    assert hi.metrics["ttft_mean_s"] > lo.metrics["ttft_mean_s"]
+    assert hi.metrics["e2e_mean_s"] > lo.metrics["e2e_mean_s"]
 
 
 def test_infeasible_design_point_is_a_result_not_a_crash(setup):
@@ -87,7 +87,7 @@ def test_infeasible_design_point_is_a_result_not_a_crash(setup):
     rep = sv.simulate([(bad, tr)])
     m = rep.results[0].metrics
     assert not bad.feasible and rep.groups == 0
-    assert m["e2e_mean"] == math.inf and m["goodput_rps"] == 0.0 and m["finished"] == 0
+    assert m["e2e_mean_s"] == math.inf and m["goodput_rps"] == 0.0 and m["finished"] == 0
     assert rep.results[0].row()["feasible"] is False
     # never NaN: no request finishes, so the makespan is infinite; DRAM use is undefined (null)
     assert m["makespan_s"] == math.inf and m["dram_util_mean"] is None and m["dram_util_peak"] is None
@@ -117,13 +117,13 @@ def test_a_clock_too_coarse_for_the_latencies_is_refused(setup):
     (it reported zero or negative latencies); float64 resolves it; at a low but ordinary rate float32 is kept.
     Rates whose arrivals no float can hold are refused where the trace is made."""
     ok32, ok64 = _run(setup, seed=4, n=30, load=0.01), _run(setup, seed=4, n=30, load=0.01, dtype=jnp.float64)
-    for k in ("ttft_p50", "tpot_p50", "e2e_p50"):
+    for k in ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s"):
         assert ok32.metrics[k] == pytest.approx(ok64.metrics[k], rel=1e-3)
     with pytest.raises(SpecError, match=r"float32 resolves time only to .* too coarse to measure its latencies "
                                         r"\(its median time per output token comes out as 0 ms\)"):
         _run(setup, seed=4, n=30, load=1e-7)
     fine = _run(setup, seed=4, n=30, load=1e-7, dtype=jnp.float64)
-    for k in ("ttft_p50", "tpot_p50"):
+    for k in ("ttft_p50_s", "tpot_p50_s"):
         assert fine.metrics[k] == pytest.approx(ok64.metrics[k], rel=0.05)
     with pytest.raises(SpecError, match="rate = 1e-300 is below the smallest accepted value, 1e-12"):
         synthetic_trace("conv", 30, 1e-300)
@@ -132,11 +132,11 @@ def test_a_clock_too_coarse_for_the_latencies_is_refused(setup):
 def test_the_clock_refusal_quotes_a_latency_the_coarse_clock_made_negative_as_such():
     trace = synthetic_trace("conv", 2, 1.0)
     late = 2.1e7 - float(trace.arrival_s[0])          # float32's spacing there is 2 s
-    metrics = {"tpot_p50": math.nan, "ttft_p50": -0.0121, "makespan_s": late}
+    metrics = {"tpot_p50_s": math.nan, "ttft_p50_s": -0.0121, "makespan_s": late}
     with pytest.raises(SpecError, match=r"too coarse to measure its latencies \(its median time to first token "
                                         r"comes out as -12.1 ms\)"):
         check_clock(trace, metrics, np.float32, "point")
-    metrics["ttft_p50"] = 0.5
+    metrics["ttft_p50_s"] = 0.5
     with pytest.raises(SpecError, match="too coarse for its median time to first token of 500 ms, which the clock"):
         check_clock(trace, metrics, np.float32, "point")
     check_clock(trace, metrics, np.float64, "point")

@@ -295,9 +295,9 @@ def program_dtype(args):
     return jnp.float32
 
 
-METRIC_COLUMNS = [("ttft_mean", "TTFT mean s"), ("ttft_p99", "TTFT p99 s"), ("tpot_mean", "TPOT mean ms"),
-                ("tpot_p99", "TPOT p99 ms"), ("e2e_mean", "E2E mean s"), ("e2e_p50", "E2E p50 s"),
-                ("e2e_p99", "E2E p99 s"), ("tokens_per_s", "tokens/s"), ("goodput_rps", "goodput req/s"),
+METRIC_COLUMNS = [("ttft_mean_s", "TTFT mean s"), ("ttft_p99_s", "TTFT p99 s"), ("tpot_mean_s", "TPOT mean ms"),
+                ("tpot_p99_s", "TPOT p99 ms"), ("e2e_mean_s", "E2E mean s"), ("e2e_p50_s", "E2E p50 s"),
+                ("e2e_p99_s", "E2E p99 s"), ("tokens_per_s", "tokens/s"), ("goodput_rps", "goodput req/s"),
                 ("slo_attainment", "SLO att."), ("dram_util_mean", "DRAM mean"), ("dram_util_peak", "DRAM peak")]
 
 

@@ -72,7 +72,7 @@ def run_design_space(result: "ex.ExploreResult | None" = None, **explore_kwargs)
         y, x = d2d.index(r["d2d_tbps"]), col_index[(r["grid"], r["dram_gb"], r["dram_tbps"])]
         good[i, j, y, x] += float(r.get("goodput_rps") or 0.0)
         if r["load"] == top_load and r.get("feasible"):
-            e = float(r["e2e_mean"])
+            e = float(r["e2e_mean_s"])
             e2e[i, j, y, x] = e if math.isfinite(e) else np.nan
             tok[i, j, y, x] = float(r["tokens_per_s"])
     feas = np.zeros(shape, bool)
@@ -203,13 +203,13 @@ def run_ablation(result: "bl.BaselineResult | None" = None, **baseline_kwargs) -
 
     Returns:
       dict with ``names [A]``, ``loads [L]``, ``rates [L]`` (req/s), ``goodput [A, L]``
-      (req/s), ``e2e_mean [A, L]`` (s), ``ttft_p99 [A, L]`` (s), ``tpot_mean [A, L]`` (s).
+      (req/s), ``e2e_mean_s [A, L]`` (s), ``ttft_p99_s [A, L]`` (s), ``tpot_mean_s [A, L]`` (s).
     """
     res = result if result is not None else bl.run_baselines(**baseline_kwargs)
     names = [a[0] for a in bl.ABLATIONS]
     if not any(("ablation", names[0], l) in res.results for l in res.loads):
         raise ValueError("this baseline run has no ablations; run it with ablations=True")
-    keys = {"goodput": "goodput_rps", "e2e_mean": "e2e_mean", "ttft_p99": "ttft_p99", "tpot_mean": "tpot_mean"}
+    keys = {"goodput": "goodput_rps", **{k: k for k in ("e2e_mean_s", "ttft_p99_s", "tpot_mean_s")}}
     rates = [res.results[("ablation", names[0], l)].trace.rate for l in res.loads]  # realised N / span
     out: dict[str, Any] = {"names": names, "loads": np.asarray(res.loads), "rates": np.asarray(rates),
                            "model": res.model, "workload": res.workload}
@@ -225,7 +225,7 @@ def plot_ablation(data: dict[str, Any], path="figures/wsc_ablation.png") -> Path
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     width = 0.8 / len(names)
     x = np.arange(len(loads))
-    for ax, key, label in zip(axes, ("goodput", "e2e_mean", "ttft_p99"),
+    for ax, key, label in zip(axes, ("goodput", "e2e_mean_s", "ttft_p99_s"),
                               ("SLO goodput (req/s)", "mean E2E latency (s)", "p99 TTFT (s)")):
         for a, name in enumerate(names):
             vals = np.where(np.isfinite(data[key][a]), data[key][a], np.nan)

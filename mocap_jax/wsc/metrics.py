@@ -49,16 +49,16 @@ def request_metrics(trace: Trace, ttft_t, finish_t, dropped) -> RequestMetrics:
 def _stats(x: np.ndarray, prefix: str) -> dict[str, float]:
     x = x[np.isfinite(x)]
     if x.size == 0:
-        return {f"{prefix}_mean": math.inf, f"{prefix}_p50": math.inf, f"{prefix}_p99": math.inf}
-    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_p50": float(np.percentile(x, 50)),
-            f"{prefix}_p99": float(np.percentile(x, 99))}
+        return {f"{prefix}_mean_s": math.inf, f"{prefix}_p50_s": math.inf, f"{prefix}_p99_s": math.inf}
+    return {f"{prefix}_mean_s": float(x.mean()), f"{prefix}_p50_s": float(np.percentile(x, 50)),
+            f"{prefix}_p99_s": float(np.percentile(x, 99))}
 
 
 def aggregate_metrics(trace: Trace, rm: RequestMetrics, setup: ServingSetup, kv_area: float, kv_peak: float,
                       end_s: float) -> dict[str, Any]:
     """Aggregate serving metrics of one design point.
 
-    Returns a dict with ``ttft_*``, ``tpot_*``, ``e2e_*`` (mean / p50 / p99, s),
+    Returns a dict with ``ttft_*_s``, ``tpot_*_s``, ``e2e_*_s`` (mean / p50 / p99, s),
     ``finished``, ``dropped``, ``makespan_s`` (last finish - first arrival; inf if none finished),
     ``throughput_rps``, ``tokens_per_s`` (output tokens of finished requests),
     ``slo_attainment`` (share of the N requests meeting both the TTFT and the TPOT SLO),
@@ -104,7 +104,7 @@ CLOCK_RESOLUTION = 0.1
 
 def check_clock(trace: Trace, metrics: dict[str, Any], dtype, label: str) -> None:
     """Refuse a run whose float clock is too coarse for the latencies it reports (see :data:`CLOCK_RESOLUTION`)."""
-    names = {"tpot_p50": "time per output token", "ttft_p50": "time to first token"}
+    names = {"tpot_p50_s": "time per output token", "ttft_p50_s": "time to first token"}
     reported = [(metrics[k], names[k]) for k in names if math.isfinite(metrics[k])]
     if not reported:
         return
@@ -146,7 +146,7 @@ def infeasible_metrics(trace: Trace) -> dict[str, Any]:
     """Metrics row of a design point that cannot serve the model (infinite latency, zero throughput)."""
     out = {"requests": len(trace), "finished": 0, "dropped": 0, "offered_rps": trace.rate}
     for k in ("ttft", "tpot", "e2e"):
-        out.update({f"{k}_mean": math.inf, f"{k}_p50": math.inf, f"{k}_p99": math.inf})
+        out.update({f"{k}_mean_s": math.inf, f"{k}_p50_s": math.inf, f"{k}_p99_s": math.inf})
     # nothing is placed, so DRAM holds nothing of the model; its use is not defined (an empty cell, JSON null)
     out.update(makespan_s=math.inf, throughput_rps=0.0, tokens_per_s=0.0, goodput_rps=0.0, slo_attainment=0.0,
                dram_util_mean=None, dram_util_peak=None)
@@ -173,7 +173,7 @@ def agreement(array_result: ServingResult, ref: ServingResult) -> dict[str, Any]
         out[f"{k}_mean_rel_err"] = float(rel.mean()) if rel.size else 0.0
         out[f"{k}_max_rel_err"] = float(rel.max()) if rel.size else 0.0
     worst = 0.0
-    for k in ("ttft_mean", "tpot_mean", "e2e_mean", "e2e_p99", "tokens_per_s", "dram_util_mean"):
+    for k in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s", "e2e_p99_s", "tokens_per_s", "dram_util_mean"):
         x, y = array_result.metrics[k], ref.metrics[k]
         if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
             worst = max(worst, abs(x - y) / max(abs(y), 1e-12))

@@ -22,9 +22,9 @@ def scores(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
         key = (hardware_key(r), r["model"], r["workload"])
         a = acc.setdefault(key, {"score": 0.0, "e2e": [], "feasible": bool(r.get("feasible"))})
         a["score"] += float(r.get("goodput_rps") or 0.0)
-        e = r.get("e2e_mean")
+        e = r.get("e2e_mean_s")
         a["e2e"].append(float(e) if e is not None and math.isfinite(float(e)) else math.inf)
-    return {k: {"score": v["score"], "e2e_mean": float(np.mean(v["e2e"])), "feasible": v["feasible"]}
+    return {k: {"score": v["score"], "e2e_mean_s": float(np.mean(v["e2e"])), "feasible": v["feasible"]}
             for k, v in acc.items()}
 
 
@@ -64,14 +64,14 @@ def _best_of(sc, labels, models, workloads):
                 s = sc.get((l, m, w), {"score": 0.0})["score"]
                 norm[(l, m)] = s / top if top > 0 else 0.0
             ranked = sorted(labels, key=lambda l: (-sc.get((l, m, w), {"score": 0.0})["score"],
-                                                   sc.get((l, m, w), {"e2e_mean": math.inf})["e2e_mean"]))
+                                                   sc.get((l, m, w), {"e2e_mean_s": math.inf})["e2e_mean_s"]))
             b = ranked[0]
             per_model.append({"workload": w, "model": m, "hardware": b, "goodput_sum_rps": sc[(b, m, w)]["score"],
-                              "e2e_mean_s": sc[(b, m, w)]["e2e_mean"]})
+                              "e2e_mean_s": sc[(b, m, w)]["e2e_mean_s"]})
         def key(l):
             vals = [norm[(l, m)] for m in models]
             geo = float(np.exp(np.mean(np.log(np.maximum(vals, 1e-12))))) if all(v > 0 for v in vals) else 0.0
-            e2e = float(np.mean([sc.get((l, m, w), {"e2e_mean": math.inf})["e2e_mean"] for m in models]))
+            e2e = float(np.mean([sc.get((l, m, w), {"e2e_mean_s": math.inf})["e2e_mean_s"] for m in models]))
             return (-geo, e2e), geo
         ranked = sorted(labels, key=lambda l: key(l)[0])
         b = ranked[0]

@@ -119,7 +119,7 @@ def _scopes(rows, sweep: Sweep):
     for w in sweep.workloads:
         for m in sweep.models:
             vals = {l: sc.get((l, m, w), {"score": 0.0})["score"] for l in labels}
-            order = sorted(labels, key=lambda l: (-vals[l], sc.get((l, m, w), {"e2e_mean": math.inf})["e2e_mean"]))
+            order = sorted(labels, key=lambda l: (-vals[l], sc.get((l, m, w), {"e2e_mean_s": math.inf})["e2e_mean_s"]))
             top = vals[order[0]]
             rel = {l: vals[l] / top if top > 0 else 0.0 for l in labels}
             margin = 1.0 - (vals[order[1]] / top if top > 0 and len(order) > 1 else 0.0)
