@@ -154,7 +154,7 @@ def run_study(cfg: StudyConfig | None = None, results_dir="results", figures_dir
 
     ledger, sensitivity = run_claims(cfg, rows, lengths_of, log=log, stamp=stamp, steps=steps)
     write_atomic(res_dir / "claims.json", json.dumps({"ledger": ledger, "sensitivity": sensitivity}, indent=1,
-                                                   default=_json_default))
+                                                     default=_json_default))
     write_csv(res_dir / "claims.csv", [{k: v for k, v in r.items() if k != "sensitivity"} for r in ledger])
     if sensitivity:
         figs["claims"] = claims.plot_sensitivity(ledger, fig_dir / "claims_sensitivity.png")
