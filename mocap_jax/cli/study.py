@@ -82,7 +82,8 @@ def cmd_claims(args) -> int:
 
 
 RESUME_HELP = ("take the comparisons and sensitivity variants an interrupted run finished from {dir} "
-               "(kept until a run completes) instead of running them again")
+               "(kept until a run completes) instead of running them again; after changing the simulator's "
+               "code, run without it")
 
 
 def register(sub, bench_sub) -> None:
