@@ -245,6 +245,39 @@ def test_eager_spilling_can_hurt_where_overflow_spilling_cannot():
     assert not eager.feasible or eager.prefill_latency_s > overflow.prefill_latency_s
 
 
+
+def test_mbkr_converged_says_whether_the_last_pass_kept_its_timeline():
+    """``mbkr_converged`` after k passes is true exactly where pass k returned the finish times it started
+    from (oracle: the evaluations with k - 1 and k passes, the first pass starting from the timeline
+    without MBKR); where it holds, pass k + 1 changes nothing (a fixed point).  A configuration that
+    spills nothing is converged."""
+    from mocap_jax.api.config import resolve
+    from mocap_jax.bench.pipeline import random_partitions
+    from mocap_jax.prefill.evaluate import evaluate
+    from mocap_jax.prefill.points import batched_items
+    from mocap_jax.schedule.items import Chunks
+    from mocap_jax.schedule.shape import MBKRMode
+
+    S, M, P = 65536, 8, 32
+    parts = random_partitions(np.random.default_rng(3), P, S, M)
+    batch = np.random.default_rng(4).integers(20, 130, P)       # some fit without MBKR, most do not
+    cfg = resolve("llama3-70b", "mocap-4x4", S, "mbkr", batch=int(batch[0]), partition=parts[0], num_batches=2)
+    points, axes = batched_items(cfg.point(M), Chunks.padded(parts, batch, M))
+    finish, converged, spilled = {}, {}, None
+    for passes in (0, 1, 2, 3, 4):
+        shape = cfg.shape(M)._replace(passes=max(passes, 1), mbkr=cfg.shape(M).mbkr if passes else MBKRMode.OFF)
+        ev = jax.jit(jax.vmap(lambda p: evaluate(p, shape), in_axes=(axes,)))(points)
+        finish[passes], converged[passes] = np.asarray(ev.finish), np.asarray(ev.mbkr_converged)
+        if passes == 3:
+            spilled = np.asarray(ev.spilled_bytes_per_stage).sum(1) > 0
+    kept = {k: np.all(finish[k] == finish[k - 1], axis=(1, 2)) for k in (1, 2, 3, 4)}
+    for k in (1, 2, 3):
+        np.testing.assert_array_equal(converged[k], kept[k], err_msg=f"{k} passes")
+        assert kept[k + 1][converged[k]].all(), f"a further pass moved a converged timeline after {k} passes"
+    assert spilled.any() and (~spilled).any() and converged[3][~spilled].all()
+    assert not converged[1].all() and converged[2].any()
+
+
 # --------------------------------------------------------------------------- the idealised gain
 
 

@@ -201,7 +201,7 @@ def run(cfg: Config, timeline: bool = True, items=None) -> SimResult:
     if cfg.mbkr_mode != MBKRMode.OFF:
         s = cfg.mbkr
         extra.update(pairing=s.pairing, p1=s.p1, p2=s.p2, read_overlap=s.read_overlap, spill=s.spill,
-                     overflow=bool(ev.overflow),
+                     overflow=bool(ev.overflow), mbkr_converged=bool(ev.mbkr_converged),
                      spilled_bytes=float(np.sum(ev.spilled_bytes_per_stage)), remote_read_s=float(ev.remote_read_s),
                      remote_read_unhidden_s=float(ev.remote_read_unhidden_s), spill_write_s=float(ev.spill_write_s),
                      blocking_s=float(np.sum(ev.blocking_s_per_stage)), migrate_s=float(ev.migrate_s),

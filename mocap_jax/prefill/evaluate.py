@@ -86,6 +86,9 @@ class Evaluation:
       block: ``[E, N]`` creditor blocking charged to each item; host: ``[E, N]`` host of each
         item's spills (-1 none).
       overflow: MBKR found no room for some overflow.
+      mbkr_converged: the last MBKR pass returned the finish times it started from, a fixed point
+        that further passes keep; false where it moved them, so a further pass could change the
+        result (true without MBKR and where nothing spills).
     """
 
     finish: Array
@@ -115,6 +118,7 @@ class Evaluation:
     block: Array
     host: Array
     overflow: Array
+    mbkr_converged: Array
 
 
 def item_table_of(point: Point) -> ItemTable:
@@ -237,23 +241,26 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
     mbkr_parts = dict(spilled_bytes_per_stage=zero_n, blocking_s_per_stage=zero_n, remote_read_s=jnp.zeros((), dt),
                       remote_read_unhidden_s=jnp.zeros((), dt), spill_write_s=jnp.zeros((), dt),
                       migrate_s=jnp.zeros((), dt), moved=zero_e, extra=zero_e, block=zero_e,
-                      host=jnp.full(s.t_all.shape, -1, jnp.int32), overflow=jnp.zeros((), bool))
+                      host=jnp.full(s.t_all.shape, -1, jnp.int32), overflow=jnp.zeros((), bool),
+                      mbkr_converged=jnp.ones((), bool))
     if shape.mbkr != MBKRMode.OFF:
         plain = (finish, start, times, peak, kv_peak, feasible)
 
         def one_pass(_, carry):
-            """Spills decided on the previous pass's timeline, and the timeline their costs give."""
-            m_finish, m_start, _, _, _ = carry
+            """Spills decided on the previous pass's timeline, and the timeline their costs give.  A
+            pass reads only the previous finish times (and the starts they determine), so a pass that
+            returns the finish times it started from is a fixed point of every later pass."""
+            m_finish, m_start, _, _, _, _ = carry
             spills, cost = _mbkr_pass(s, point, shape, m_finish, m_start)
             m_times = s.t_all + cost.extra
-            m_finish, m_start = timeline(m_times, s.d_all, shape)
-            return m_finish, m_start, m_times, spills, cost
+            new_finish, new_start = timeline(m_times, s.d_all, shape)
+            return new_finish, new_start, m_times, spills, cost, jnp.all(new_finish == m_finish)
 
         # a loop rather than straight-line passes: one copy of the spill program to compile
         spills0, cost0 = jax.eval_shape(lambda: _mbkr_pass(s, point, shape, finish, start))
         zeros = lambda tree: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-        m_finish, m_start, m_times, spills, cost = jax.lax.fori_loop(
-            0, shape.passes, one_pass, (finish, start, times, zeros(spills0), zeros(cost0)))
+        m_finish, m_start, m_times, spills, cost, converged = jax.lax.fori_loop(
+            0, shape.passes, one_pass, (finish, start, times, zeros(spills0), zeros(cost0), jnp.zeros((), bool)))
         allowance = jnp.where(touched_stages(spills), 1 + FIT_TOLERANCE, 1.0)
         m_feasible = ~spills.overflow & jnp.all((spills.peak <= s.usable * allowance) | ~s.live)
         keep_plain = feasible if shape.spill == Spill.OVERFLOW else jnp.zeros((), bool)
@@ -266,7 +273,8 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
             remote_read_s=keep(jnp.sum(cost.read)), remote_read_unhidden_s=keep(jnp.sum(cost.read_extra)),
             spill_write_s=keep(jnp.sum(cost.write)), migrate_s=keep(jnp.sum(cost.migrate)), moved=keep(spills.moved),
             extra=keep(cost.extra), block=keep(cost.block),
-            host=jnp.where(keep_plain, -1, spills.host), overflow=~keep_plain & spills.overflow)
+            host=jnp.where(keep_plain, -1, spills.host), overflow=~keep_plain & spills.overflow,
+            mbkr_converged=keep_plain | converged)
     latency, period, bubble, utilisation = _summary(s, finish, times, shape)
     throughput = s.requests / period
     return Evaluation(

@@ -159,7 +159,7 @@ def block_inputs(key: tuple, r, cache: TemplateCache, size: int):
 _FIELDS = ("prefill_latency_s", "raw_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
            "peak_mem_bytes_per_stage", "kv_peak_bytes_per_stage", "weight_bytes_per_stage", "capacity_bytes",
            "stage_utilisation", "spilled_bytes_per_stage", "blocking_s_per_stage", "remote_read_s",
-           "remote_read_unhidden_s", "spill_write_s", "migrate_s", "extra")
+           "remote_read_unhidden_s", "spill_write_s", "migrate_s", "mbkr_converged", "extra")
 
 
 def _lean(points: Point, extra: dict, shape: SimShape, sshape: ServingShape | None,
@@ -181,7 +181,8 @@ def _lean(points: Point, extra: dict, shape: SimShape, sshape: ServingShape | No
     if shape.mbkr != MBKRMode.OFF:
         r.update(spilled_bytes=jnp.sum(o["spilled_bytes_per_stage"], axis=1),
                  blocking_s=jnp.sum(o["blocking_s_per_stage"], axis=1),
-                 **{k: o[k] for k in ("remote_read_s", "remote_read_unhidden_s", "spill_write_s", "migrate_s")})
+                 **{k: o[k] for k in ("remote_read_s", "remote_read_unhidden_s", "spill_write_s", "migrate_s",
+                                      "mbkr_converged")})
     if sshape is not None:
         dt = points.model.hidden.dtype
         K, N = shape.items, shape.stages
@@ -229,6 +230,7 @@ def _outputs_fast(raw: dict, r, key: tuple) -> dict:
             out[k] = np.asarray(raw[k])[:P]
     for k in MBKR_OUTPUTS:
         out[k] = np.asarray(raw[k])[:P] if k in raw else np.zeros(P, np.int64)
+    out["mbkr_converged"] = np.asarray(raw["mbkr_converged"])[:P] if "mbkr_converged" in raw else np.ones(P, bool)
     if key[6]:
         out["load_rps"] = r.objects("load")
     return out
@@ -257,6 +259,7 @@ def _outputs_serial(r, dtype: str) -> dict:
             "bubble_fraction": res.bubble_fraction, "batch_used": int(res.batch),
             "max_stage_utilisation": max(res.stage_utilisation) if res.stage_utilisation else 0.0,
             **{k: ex.get(k, 0.0) for k in ("spilled_bytes", "remote_read_s", "blocking_s")},
+            "mbkr_converged": ex.get("mbkr_converged", True),
             "load_rps": ex.get("load_rps"), "e2e_mean_s": res.e2e_latency_mean_s,
             "e2e_p50_s": res.e2e_latency_p50_s, "e2e_p99_s": res.e2e_latency_p99_s,
             "load_throughput_rps": res.load_throughput_rps,

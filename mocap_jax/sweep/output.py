@@ -35,7 +35,7 @@ OUTPUT_COLUMNS = (
     "feasible", "reason", "prefill_latency_s", "raw_latency_s", "throughput_rps", "period_s", "bubble_fraction",
     "batch_used", "max_peak_mem_bytes", "max_kv_peak_bytes", "max_stage_weight_bytes",
     "usable_hbm_bytes", "max_stage_utilisation", "spilled_bytes", "remote_read_s", "remote_read_unhidden_s",
-    "spill_write_s", "blocking_s", "migrate_s", "load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s",
+    "spill_write_s", "blocking_s", "migrate_s", "mbkr_converged", "load_rps", "e2e_mean_s", "e2e_p50_s", "e2e_p99_s",
     "load_throughput_rps", "partition",
 )
 INPUT_COLUMNS = ("scheme", "model", "hardware", "rows", "cols", "wafers", "stages", "tp", "seq_len", "chunks", "batch",
@@ -153,7 +153,7 @@ class PartWriter:
 
     def arrow_type(self, k: str):
         pa = self.pa
-        if k == "feasible":
+        if k in ("feasible", "mbkr_converged"):
             return pa.bool_()
         if k in _STRINGS:
             return pa.string()
