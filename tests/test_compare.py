@@ -54,6 +54,12 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
     assert rows.keys() == by.keys() and any(r["batch"] == out["max_batch"] == 8 for r in by.values())
     for scheme, line in rows.items():
         assert (f"{by[scheme]['batch']} (cap)" in line) == (by[scheme]["batch"] == 8), line
+    # whether MBKR's passes settled is reported for the spilling scheme, and a row they left moving is named
+    assert isinstance(by["mocap"]["mbkr_converged"], bool) and "mbkr_converged" not in by["terapipe"]
+    assert ("still moved" in text) == (not by["mocap"]["mbkr_converged"])
+    moving = {**out, "schemes": [{**r, "mbkr_converged": False} if r["scheme"] == "mocap" else r
+                                 for r in out["schemes"]]}
+    assert "mocap: MBKR's last pass still moved the timeline" in format_compare(moving)
 
 
 @pytest.mark.parametrize("kw, fragment", [({"chunks": 300}, "chunks"), ({"min_seq_len": 1000}, "multiple of 256"),

@@ -65,6 +65,10 @@ def format_compare(res: dict) -> str:
               + ("; max S = longest feasible sequence for one request with the scheme's chunk-size fractions."
                  if max_seq else " (max S not searched: --no-max-seq)."),
               f"wall time {res['wall_s']:.1f} s"]
+    unsettled = [r["scheme"] for r in res["schemes"] if r.get("mbkr_converged") is False]
+    if unsettled:
+        lines.insert(-1, f"{', '.join(unsettled)}: MBKR's last pass still moved the timeline at B' (mbkr_converged "
+                         f"false), so a further pass could change that row.")
     return "\n".join(lines)
 
 

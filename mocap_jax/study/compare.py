@@ -276,7 +276,7 @@ def evaluate_scheme(plan: SchemePlan, load: float | None, st: CompareSettings) -
                                                        "throughput_rps": 0.0}
     max_seq = _max_seq(plan, st) if st.with_max_seq else 0
     extra = {"load_rps": rate}
-    for key in ("spilled_bytes", "remote_read_s", "blocking_s", "tensor_parallel"):
+    for key in ("spilled_bytes", "remote_read_s", "blocking_s", "mbkr_converged", "tensor_parallel"):
         if key in r.extra:
             extra[key] = r.extra[key]
     return SchemeResult(
