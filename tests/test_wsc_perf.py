@@ -45,6 +45,21 @@ def test_presets_match_design_points():
         HW.replace(remote_kv_overlap=1.5)
 
 
+@pytest.mark.parametrize("field,value,fragment", [
+    ("dram_capacity", 1e49, "exceeds the largest accepted value"),   # inf in float32
+    ("link_bandwidth", 1e-18, "below the smallest accepted value"),   # times past float32's range
+    ("eff_dram", 1e-9, "must be >= 0.0001"),
+    ("sync_latency_s", 5.0, "exceeds the largest accepted value, 1"),
+    ("kv_bytes", 0.0, "must be > 0"),
+])
+def test_wafer_fields_stay_inside_the_float32_ranges(field, value, fragment):
+    """The wafer takes the prefill hardware's ranges, so its params never overflow to inf in float32."""
+    with pytest.raises(SpecError, match=fragment):
+        HW.replace(**{field: value})
+    with pytest.raises(SpecError, match=fragment):
+        design_points(HW, **{field: [getattr(HW, field), value]})
+
+
 def test_prefill_time_by_hand():
     mp, hw = params()
     plan = pl.tp_plan(TOY, HW, pl.InstanceConfig(1, 1))

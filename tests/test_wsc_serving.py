@@ -160,7 +160,8 @@ def test_serve_cli_json_and_table(capsys):
     (["--workload", "chat"], "unknown workload"),
     (["--requests", "1"], "--requests must be an integer >= 2"),
     (["--model", "llama3.1-405b", "--hardware", "wsc-2x2"], "cannot be served on wsc-2x2"),
-    (["--tpot-slo-ms", "-5"], "must be positive numbers"),
+    (["--tpot-slo-ms", "-5"], "--tpot-slo-ms must be > 0"),
+    (["--ttft-slo-s", "inf"], "--ttft-slo-s must be a finite number"),
     (["--rate", "1e-300", "--requests", "8"], "--rate = 1e-300 is below the smallest accepted value, 1e-12"),
     (["--rate", "1e-6", "--requests", "8"], "float32 resolves time only to"),
 ])

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mocap_jax.specs import SpecError
 from mocap_jax.wsc import serving as sv
 from mocap_jax.wsc import serving_inputs as si
 from mocap_jax.wsc import reference as ref
@@ -101,8 +102,12 @@ def test_cases_exercise_the_contract(runs):
 @pytest.mark.slow
 def test_float32_program_agrees_with_float64_reference(runs):
     pts, _, refs = runs
-    arr32 = sv.simulate(pts, dtype=jnp.float32)
-    for a, (r, _) in zip(arr32.results, refs):
+    # the edge trace's dropped 5M-token prompt holds its prefill instance for about 10 hours, where
+    # float32's clock no longer resolves the others' milliseconds: that run is refused, not reported
+    with pytest.raises(SpecError, match="float32 resolves time only to"):
+        sv.simulate(pts[-1:], dtype=jnp.float32)
+    arr32 = sv.simulate(pts[:-1], dtype=jnp.float32)
+    for a, (r, _) in zip(arr32.results, refs[:-1]):
         ag = agreement(a, r)
         assert ag["same_finished"]
         assert ag["e2e_mean_rel_err"] < 1e-4 and ag["ttft_mean_rel_err"] < 1e-3

@@ -21,6 +21,7 @@ from ..wsc import placement as plc
 from ..wsc.placement_compare import MAX_RANDOM_SAMPLES, compare_placements
 from ..wsc.figures_wafer import plot_placement
 from ..wsc.hardware import WAFER_PRESETS
+from ..wsc.layout import check_alpha
 from .common import check_figure_file, seed
 from .wsc_args import common_args, emit_json, hardware_line, instance_args, offline_setup, resolve_instances, table
 
@@ -98,15 +99,11 @@ def _parse_alphas(text: str) -> list[float]:
         raise SpecError(f"--alphas expects comma-separated numbers >= 1, got {text!r}") from None
     if not vals:
         raise SpecError("--alphas needs at least one value")
-    for a in vals:
-        if not math.isfinite(a) or a < 1:
-            raise SpecError(f"alpha must be >= 1 (the cost factor per extra use of a shared link), got {a:g}")
-    return vals
+    return [check_alpha(a, "--alphas") for a in vals]
 
 
 def cmd_place(args) -> int:
-    if not math.isfinite(args.alpha) or args.alpha < 1:
-        raise SpecError(f"--alpha must be >= 1 (the cost factor per extra use of a shared link), got {args.alpha:g}")
+    check_alpha(args.alpha, "--alpha")
     alphas = _parse_alphas(args.alphas)
     bounds = (("random_samples", MAX_RANDOM_SAMPLES), ("chains", LIMITS["chains"]), ("steps", LIMITS["steps"]))
     for name, hi in bounds:
@@ -167,8 +164,7 @@ def cmd_memory(args) -> int:
     checks.integer("--requests", args.requests, 1, LIMITS["requests"])
     if args.decode_batch is not None and args.decode_batch < 1:
         raise SpecError(f"--decode-batch must be a positive integer, got {args.decode_batch}")
-    if not math.isfinite(args.alpha) or args.alpha < 1:
-        raise SpecError(f"--alpha must be >= 1, got {args.alpha:g}")
+    check_alpha(args.alpha, "--alpha")
     model, wafer, workload, strategies = offline_setup(args)
     if not wafer.is_mesh:
         raise SpecError(f"the memory scheduler places KV on a mesh wafer's DRAM; {wafer.name} is a GPU cluster "

@@ -18,7 +18,6 @@ Saturated, one instance at a time:
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any
 
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import ModelParams, pytree
-from ..specs import SpecError
+from ..specs import LIMITS, checks
 from . import perf
 from .hardware import WaferParams
 from .plan import TPPlan
@@ -46,11 +45,9 @@ class ServingTargets:
 
     @staticmethod
     def make(chunk_tokens: float = 2048, tpot_slo_s: float = 0.1, ttft_slo_s: float = 10.0, dtype=jnp.float32):
-        for name, v in (("chunk_tokens", chunk_tokens), ("tpot_slo_s", tpot_slo_s), ("ttft_slo_s", ttft_slo_s)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or math.isnan(v):
-                raise SpecError(f"{name} must be a positive number, got {v!r}")
-        if chunk_tokens != int(chunk_tokens):
-            raise SpecError(f"chunk_tokens must be a whole number of tokens, got {chunk_tokens!r}")
+        checks.integer("chunk_tokens", chunk_tokens, 1, LIMITS["seq_len"], " A whole number of tokens.")
+        for name, v in (("tpot_slo_s", tpot_slo_s), ("ttft_slo_s", ttft_slo_s)):
+            checks.positive(name, v, hint=" Give the SLO in seconds.")
         return ServingTargets(np.asarray(chunk_tokens, dtype), np.asarray(tpot_slo_s, dtype),
                               np.asarray(ttft_slo_s, dtype))
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..costs import pytree
 from ..specs import HardwareSpec, SpecError
+from ..specs import checks
 from ..specs.checks import LIMITS
 
 Array = Any
@@ -107,22 +108,22 @@ class WaferSpec:
                             f"simulator represents, {LIMITS['dies']:,} dies; use fewer rows or cols")
         if self.topology not in ("mesh", "cluster"):
             raise SpecError(f"wafer {self.name!r}: topology must be 'mesh' or 'cluster', got {self.topology!r}")
-        for f in ("peak_flops", "dram_capacity", "dram_bandwidth", "link_bandwidth", "node_bandwidth",
-                  "weight_bytes", "kv_bytes", "activation_bytes"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
-                raise SpecError(f"wafer {self.name!r}: {f} must be a positive finite number, got {v!r}")
-        for f in ("eff_gemm", "eff_attention", "eff_dram", "eff_link", "usable_dram_fraction"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise SpecError(f"wafer {self.name!r}: {f} must be in (0, 1], got {v!r}")
-        if not 0 <= self.remote_kv_overlap <= 1:
-            raise SpecError(f"wafer {self.name!r}: remote_kv_overlap must be in [0, 1], got {self.remote_kv_overlap!r}")
-        for f in ("link_latency_s", "node_latency_s", "sync_latency_s", "activation_workspace_factor",
-                  "layer_overhead_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
-                raise SpecError(f"wafer {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
+        where = f"wafer {self.name!r}"
+        # the prefill hardware's ranges (specs.checks.LIMITS): inside them every time and byte count
+        # the performance models form stays finite in float32
+        for f in ("peak_flops", "dram_capacity", "dram_bandwidth", "link_bandwidth", "node_bandwidth"):
+            checks.positive(f"{where}: {f}", getattr(self, f), lo=LIMITS["hardware_minimum"],
+                            hint=" Give FLOP/s, bytes or bytes/s (1 at least).")
+        for f in ("weight_bytes", "kv_bytes", "activation_bytes"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, 16.0, lo_open=True,
+                          hint=" Bytes per stored element, e.g. 2 for BF16, 1 for FP8.")
+        for f in ("eff_gemm", "eff_attention", "eff_dram", "eff_link"):
+            checks.number(f"{where}: {f}", getattr(self, f), LIMITS["efficiency_minimum"], 1.0)
+        checks.fraction(f"{where}: usable_dram_fraction", self.usable_dram_fraction, open_low=True)
+        checks.number(f"{where}: remote_kv_overlap", self.remote_kv_overlap, 0.0, 1.0)
+        for f in ("link_latency_s", "node_latency_s", "sync_latency_s", "layer_overhead_s"):
+            checks.number(f"{where}: {f}", getattr(self, f), 0.0, LIMITS["latency_s"])
+        checks.number(f"{where}: activation_workspace_factor", self.activation_workspace_factor, 0.0, 1e6)
 
     # ---- geometry
     @property
@@ -341,8 +342,10 @@ def design_points(base: WaferSpec, dtype=jnp.float32, **axes) -> tuple[WaferPara
     names = list(axes)
     values = [np.atleast_1d(np.asarray(axes[n], dtype=np.float64)) for n in names]
     for n, v in zip(names, values):
-        if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v < 0):
-            raise SpecError(f"design_points: {n} needs one or more finite, non-negative values, got {v.tolist()}")
+        if v.size == 0:
+            raise SpecError(f"design_points: {n} needs one or more values")
+        for x in np.unique(v):          # each value within the wafer's ranges (WaferSpec's checks)
+            dataclasses.replace(base, **{n: float(x)})
     combos = list(itertools.product(*[v.tolist() for v in values])) if names else [()]
     n_pts = len(combos)
     grid = {n: np.asarray([c[i] for c in combos]) for i, n in enumerate(names)}

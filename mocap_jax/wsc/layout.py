@@ -10,13 +10,12 @@ without overlap.  Each instance is represented by its *centre die*
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..specs import SpecError
+from ..specs import SpecError, checks
 from .hardware import WaferSpec
 
 KINDS = ("prefill", "decode")
@@ -106,9 +105,17 @@ def check_mesh(wafer: WaferSpec):
                         f"(every GPU pair is one hop apart there)")
 
 
-def check_alpha(alpha):
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) or alpha < 1:
-        raise SpecError(f"alpha must be a number >= 1 (the cost factor per extra use of a shared link), got {alpha!r}")
+#: the largest shared-link factor accepted.  At 100 one extra use of a link already outweighs the hops
+#: of every transfer on the meshes the simulator represents, so larger factors rank placements alike,
+#: and the placement search's float32 costs (``u * alpha ** (u - 1)``) stay finite for links used by up
+#: to 20 transfers.
+ALPHA_MAX = 100.0
+
+
+def check_alpha(alpha, name: str = "alpha") -> float:
+    """The TransferCost factor per extra use of a shared link, in ``[1, ALPHA_MAX]``."""
+    return checks.number(name, alpha, 1.0, ALPHA_MAX, hint=" alpha is the cost factor per extra use of a shared "
+                                                          "link (1: plain hop counts).")
 
 
 def check_request(wafer: WaferSpec, shapes_counts):

@@ -29,6 +29,7 @@ from ..specs import SpecError, checks
 from . import serving as sv
 from .explore import Sweep, reference_rates, result_rows, sweep_points
 from .hardware import WaferSpec
+from .layout import check_alpha
 from .ranking import best_designs, scores
 from .setup import CONTENTION, ServingConfig
 
@@ -75,7 +76,7 @@ def sample_perturbations(n: int, seed: int = 0, spread: float = 0.15, latency_ra
     if not lo <= hi:
         raise SpecError(f"latency range must be increasing, got {latency_range}")
     for a in alphas:
-        checks.number("alpha", a, 1.0, hint=" alpha is the cost factor per extra use of a shared link.")
+        check_alpha(a)
     for r in rules:
         if r == "off":
             raise SpecError("robustness perturbs the contention rule; choose from max-min, proportional")

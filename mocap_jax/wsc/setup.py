@@ -26,7 +26,7 @@ from .geometry import (crosses_nodes, hop_matrix, link_capacity, read_resource_t
                        transfer_resource_counts)
 from .goodput import ServingTargets
 from .hardware import WaferSpec, get_wafer
-from .layout import Instance, Layout, pack_instances
+from .layout import Instance, Layout, check_alpha, pack_instances
 from .plan import STRATEGIES, InstanceConfig, instance_rings
 from .traces import Trace
 from .workload import WORKLOAD_PRESETS, WorkloadSpec
@@ -75,7 +75,7 @@ class ServingConfig:
         checks.integer("leap", self.leap, 0, 1024)
         for name in ("tpot_slo_s", "ttft_slo_s"):
             checks.positive(name, getattr(self, name), hint=" Give the SLO in seconds.")
-        checks.number("alpha", self.alpha, 1.0, hint=" alpha is the cost factor per extra use of a shared link.")
+        check_alpha(self.alpha)
         checks.choice("contention rule", self.contention, CONTENTION)
         object.__setattr__(self, "strategies", part.validate_strategies(self.strategies))
 
