@@ -78,6 +78,11 @@ def test_batched_bad_input_is_a_value_error():
         max_feasible_seq_len("llama3.1-8b", "mocap-2x2", max_seq_len=4611686018427387904)
     with pytest.raises(ValueError, match=r"chunks=3 but partition rows have \[2\] chunks"):
         simulate_batch("llama3.1-8b", "mocap-2x2", 8000, chunks=3, partition=[[4000, 4000]])
+    with pytest.raises(ValueError, match="seq_len and batch need at least one value each"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", [])
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['nope'\]; choose from finish, start"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 4096, fields=("feasible", "nope"))
+    assert set(simulate_batch("llama3.1-8b", "mocap-2x2", 4096, chunks=4, fields="feasible")) == {"feasible"}
     with pytest.raises(ValueError, match="not gpipe"):
         simulate_batch("llama3.1-8b", "mocap-2x2", 8000, "gpipe", partition=[[4000, 4000]])
     for fractions, fragment in (([0.9, 0.9], "summing to 1"), ([-1.0, 2.0], "positive"), ([0.5, 0.25, 0.25], "per chunk"),
@@ -132,6 +137,15 @@ def test_searches_agree_with_simulate():
     S = max_feasible_seq_len("llama3-70b", "mocap-4x4", chunks=16, num_batches=1, granularity=65536)
     assert simulate("llama3-70b", "mocap-4x4", S, chunks=16, num_batches=1, timeline=False).feasible
     assert not simulate("llama3-70b", "mocap-4x4", S + 65536, chunks=16, num_batches=1, timeline=False).feasible
+
+
+def test_max_seq_is_zero_when_not_even_the_shortest_sequence_fits():
+    """The search's lower end for M chunks is M tokens; one below it is no answer, it is 0."""
+    big = 1 << 20
+    assert not simulate("llama3.1-8b", "mocap-2x2", 4, chunks=4, batch=big, num_batches=1, timeline=False).feasible
+    assert max_feasible_seq_len("llama3.1-8b", "mocap-2x2", chunks=4, batch=big) == 0
+    assert max_feasible_seq_len("llama3.1-8b", "mocap-2x2", chunks=4, batch=big, granularity=3) == 0
+    assert max_feasible_seq_len("llama3.1-8b", "mocap-2x2", "gpipe", batch=big, microbatch=big) == 0
 
 
 def test_the_honesty_check_names_the_point():

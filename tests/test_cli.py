@@ -51,6 +51,12 @@ def test_max_seq_and_lists(capsys):
     assert code == 0 and "mocap-4x4" in out and "a100-x8" in out
 
 
+def test_max_seq_says_when_no_sequence_fits(capsys):
+    code, out, _ = run(["max-seq", "-m", "llama3.1-8b", "-w", "mocap-2x2", "--chunks", "4", "--granularity", "3",
+                        "--batch", "1048576"], capsys)
+    assert code == 0 and out.startswith("no sequence fits: even the shortest, 6 tokens, does not")
+
+
 def test_max_seq_measures_one_batch_alone_as_the_study_does(capsys):
     """``max-seq`` answers the study's question (the longest sequence of one batch alone) unless asked
     for a stream: with two batches every stage fills at once and MBKR gains almost nothing."""

@@ -44,6 +44,13 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
     block_size = checks.integer("block_size", block_size, 8, 1 << 20)
     if seq.ndim != 1 or bat.ndim != 1:
         raise SpecError("seq_len and batch must be scalars or 1-D arrays")
+    if not seq.size or not bat.size:
+        raise SpecError("seq_len and batch need at least one value each")
+    fields = (fields,) if isinstance(fields, str) else tuple(fields)
+    unknown = [f for f in fields if f not in ALL_FIELDS]
+    if unknown or not fields:
+        raise SpecError(f"unknown field(s) {unknown}; choose from {', '.join(ALL_FIELDS)}" if unknown else
+                        "fields must name at least one field of the evaluation")
     if partition is not None:
         part = checks.integers("partition", np.asarray(partition), 0, LIMITS["seq_len"])
         part = part[None, :] if part.ndim == 1 else part

@@ -124,7 +124,8 @@ def max_feasible_seq_len(model, hardware, scheme: str = "terapipe", *, chunks: i
         pts, axes = batched_items(cfg.point(slots), items)
         return evaluate_points(pts, cfg.shape(slots), axes, len(seqs), ("feasible",))["feasible"]
 
-    return max(largest_true(feasible, lo, hi), 0) * g
+    units = largest_true(feasible, lo, hi)
+    return units * g if units >= lo else 0   # below lo: not even the shortest sequence fits
 
 
 def check_fractions(fractions, chunks: int, scheme: str) -> np.ndarray:

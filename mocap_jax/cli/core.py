@@ -150,12 +150,15 @@ def cmd_max_seq(args) -> int:
     out = {"model": get_model(args.model).name, "hardware": get_hardware(args.hardware).name, "scheme": args.scheme,
            "chunks": kw["chunks"], "batch": args.batch, "num_batches": args.num_batches,
            "granularity": args.granularity, "max_seq_len": S}
+    setting = (f"{out['scheme']}, {out['model']} on {out['hardware']}, B = {args.batch}, M = {kw['chunks']}, "
+               f"{counted(args.num_batches, 'batch', 'batches')}, multiples of {args.granularity}")
     if args.json:
         print(dumps(out))
+    elif S == 0:
+        shortest = args.granularity if args.scheme == "gpipe" else -(-kw["chunks"] // args.granularity) * args.granularity
+        print(f"no sequence fits: even the shortest, {shortest:,} tokens, does not ({setting}); try a smaller batch")
     else:
-        print(f"longest feasible sequence: {S:,} tokens ({out['scheme']}, {out['model']} on {out['hardware']}, "
-              f"B = {args.batch}, M = {kw['chunks']}, {counted(args.num_batches, 'batch', 'batches')}, "
-              f"multiples of {args.granularity})")
+        print(f"longest feasible sequence: {S:,} tokens ({setting})")
     return 0
 
 
