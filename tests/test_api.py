@@ -158,6 +158,10 @@ def test_the_honesty_check_names_the_point():
 def test_top_level_exports():
     assert mj.pipeline_latency(np.full((4, 3), 1.0)) == pytest.approx(6.0)
     assert mj.uniform_partition(10, 4).tolist() == [3, 3, 2, 2]
+    for args, fragment in (((100, 0), "chunks must be a positive integer"), ((3, 5), "seq_len must be an integer >= 5"),
+                           ((10.5, 2), "seq_len must be an integer, got 10.5")):
+        with pytest.raises(ValueError, match=fragment):   # never zero-token chunks or a silently dropped token
+            mj.uniform_partition(*args)
     assert resolve("llama3.1-8b", "mocap-2x2", 4096).stages == 4
 
 

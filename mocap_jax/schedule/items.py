@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import pytree
+from ..specs import LIMITS, checks
 from .prefix import prefix_max, prefix_sum
 
 Array = Any
@@ -159,8 +160,10 @@ def gpipe_items(seq_len, batch, microbatch, slots: int, xp=np) -> ItemTable:
 
 def uniform_partition(seq_len: int, chunks: int) -> np.ndarray:
     """TeraPipe-style equal chunks: ``S // M`` tokens each, the first ``S % M`` one more (``[M]`` int64)."""
-    base, extra = divmod(int(seq_len), int(chunks))
-    return base + (np.arange(int(chunks)) < extra).astype(np.int64)
+    M = checks.integer("chunks", chunks, 1, LIMITS["chunks"])
+    S = checks.integer("seq_len", seq_len, M, LIMITS["seq_len"], f" {M} chunks need at least {M} tokens.")
+    base, extra = divmod(S, M)
+    return base + (np.arange(M) < extra).astype(np.int64)
 
 
 def uniform_partitions(seq_len: np.ndarray, chunks: int) -> np.ndarray:
