@@ -110,6 +110,9 @@ def test_bad_input_is_a_clear_value_error(setup):
     shape = si.shape_for([setup], 64, CONFIG)
     with pytest.raises(SpecError, match="holds 64"):
         si.pack_inputs(setup, synthetic_trace("conv", 65), shape)
+    for dtype in ("float16", jnp.bfloat16, "int32"):   # times in hours of milliseconds: never half precision
+        with pytest.raises(SpecError, match="dtype must be 'float32' or 'float64'"):
+            sv.simulate([(setup, synthetic_trace("conv", 8))], dtype=dtype)
 
 
 def test_a_clock_too_coarse_for_the_latencies_is_refused(setup):

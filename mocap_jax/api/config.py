@@ -12,7 +12,6 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-import jax
 import numpy as np
 
 from .. import costs
@@ -23,26 +22,13 @@ from ..prefill.points import MBKRSettings, build_point
 from ..schedule.items import ItemTable, chunked_items, gpipe_items, pad_items, uniform_partition
 from ..schedule.shape import Admission, MBKRMode, Release, SimShape, bucket
 from ..specs import LIMITS, HardwareSpec, ModelSpec, SpecError, checks, get_hardware, get_model
+from ..specs.checks import float_dtype as check_dtype
 from ..specs.mesh import snake_placement, stage_groups
 
 SCHEMES = ("gpipe", "terapipe", "mbkr")
 RELEASE_POLICIES = tuple(p.value for p in Release)
 ADMISSION_MODES = tuple(a.value for a in Admission)
 DEFAULT_CHUNKS = 16
-
-
-def check_dtype(dtype) -> np.dtype:
-    """float32 or float64 (the latter needs 64-bit JAX)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from None
-    if dt not in (np.float32, np.float64):
-        raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
-    if dt == np.float64 and not jax.config.jax_enable_x64:
-        raise SpecError("dtype float64 needs 64-bit JAX: set JAX_ENABLE_X64=1 or "
-                        "jax.config.update('jax_enable_x64', True) before simulating")
-    return dt
 
 
 def check_partition(partition, seq_len: int) -> np.ndarray:

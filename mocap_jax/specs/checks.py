@@ -75,6 +75,24 @@ LIMITS = {
 }
 
 
+def float_dtype(dtype):
+    """float32 or float64 (the latter needs 64-bit JAX): the simulators' only float types (float16 and
+    bfloat16 cannot hold their times and byte counts)."""
+    import jax
+    import numpy as np
+
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from None
+    if dt not in (np.float32, np.float64):
+        raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dt == np.float64 and not jax.config.jax_enable_x64:
+        raise SpecError("dtype float64 needs 64-bit JAX: set JAX_ENABLE_X64=1 or "
+                        "jax.config.update('jax_enable_x64', True) before simulating")
+    return dt
+
+
 def suggest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
     """`` Did you mean 'x'?`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=3, cutoff=cutoff)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs import SpecError, checks
+from ..specs import checks
 from .metrics import ServingResult, aggregate_metrics, check_clock, infeasible_metrics, request_metrics
 from .serving_inputs import ServingInputs, ServingShape, pack_inputs, request_bucket, shape_for, stack_inputs
 from .serving_state import initial_state
@@ -276,8 +276,7 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
       progress: optional callable given ``(points done, points)`` before the program compiles (so a bar
         shows while it does) and as points finish (infeasible set-ups count as done from the start).
     """
-    if dtype == jnp.float64 and not jax.config.jax_enable_x64:
-        raise SpecError("float64 needs jax_enable_x64: call jax.config.update('jax_enable_x64', True) first")
+    dtype = checks.float_dtype(dtype)
     chunk_steps = checks.integer("chunk_steps", chunk_steps, 1)
     t0 = time.perf_counter()
     results: list[ServingResult | None] = [None] * len(points)
