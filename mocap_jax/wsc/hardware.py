@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import pytree
-from ..specs import HardwareSpec, SpecError
-from ..specs import checks
+from ..specs import HardwareSpec, SpecError, checks
 from ..specs.checks import LIMITS
 
 Array = Any
@@ -123,6 +122,8 @@ class WaferSpec:
         checks.number(f"{where}: remote_kv_overlap", self.remote_kv_overlap, 0.0, 1.0)
         for f in ("link_latency_s", "node_latency_s", "sync_latency_s", "layer_overhead_s"):
             checks.number(f"{where}: {f}", getattr(self, f), 0.0, LIMITS["latency_s"])
+        # tokens x hidden x activation_bytes: up to 1e6 of them per token, a chunk's buffers stay finite in
+        # float32 for every length and model width the simulator represents
         checks.number(f"{where}: activation_workspace_factor", self.activation_workspace_factor, 0.0, 1e6)
 
     # ---- geometry

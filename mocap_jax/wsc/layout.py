@@ -105,10 +105,10 @@ def check_mesh(wafer: WaferSpec):
                         f"(every GPU pair is one hop apart there)")
 
 
-#: the largest shared-link factor accepted.  At 100 one extra use of a link already outweighs the hops
-#: of every transfer on the meshes the simulator represents, so larger factors rank placements alike,
-#: and the placement search's float32 costs (``u * alpha ** (u - 1)``) stay finite for links used by up
-#: to 20 transfers.
+#: the largest shared-link factor accepted.  The study's factors are 1-3 (``robustness.ALPHAS``); up to
+#: 100 the placement search's float32 cost ``u * alpha ** (u - 1)`` stays finite on links shared by up to
+#: 19 transfers, while at 1e20 that search overflowed on the 6x9 wafer and returned a placement worse
+#: than the best of 50 random ones.
 ALPHA_MAX = 100.0
 
 
