@@ -367,3 +367,15 @@ def test_counts_read_in_the_singular_for_one():
     assert [counted(1, "stage"), counted(16, "stage"), counted(1, "batch", "batches"),
             counted(2, "batch", "batches"), counted(153600, "request")] == \
         ["1 stage", "16 stages", "1 batch", "2 batches", "153,600 requests"]
+
+
+def test_bench_peer_never_rebuilds_a_folder_it_did_not_create(tmp_path, capsys):
+    """``--venv`` naming an existing environment (or any folder with files) is refused, not cleared."""
+    env = tmp_path / "my-env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")   # an environment without the peer
+    (env / "bin" / "python").chmod(0o755)
+    (env / "notes.txt").write_text("mine")
+    code, _, err = run(["bench", "peer", "--venv", str(env)], capsys)
+    assert code == 2 and "holds files the peer benchmark did not create" in err and err.count("\n") == 1
+    assert (env / "notes.txt").read_text() == "mine" and (env / "bin" / "python").exists()

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..specs import SpecError
+
 PEER_REQUIREMENT = "genz-llm==0.0.16"
 GENZ_MODELS = {"llama2-7b": "llama2_7b", "llama3.1-8b": "llama3_8b", "llama2-70b": "llama2_70b"}
 LAYOUTS = {"llama2-7b": ((1, 1), (2, 1), (4, 1), (2, 2)), "llama3.1-8b": ((1, 1), (2, 1), (4, 1), (2, 2)),
@@ -79,13 +81,29 @@ def default_venv() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mocap_jax" / "peer-genz-llm"
 
 
+#: written into an environment this benchmark created: only such a folder may be cleared and rebuilt
+PEER_MARKER = ".mocap-jax-peer"
+
+
 def ensure_peer(env_dir: Path) -> Path:
-    """The peer's Python, creating its virtual environment and installing it on first use."""
+    """The peer's Python, creating its virtual environment and installing it on first use.
+
+    An environment that already imports the peer is used as it is.  Otherwise the folder must be
+    new, empty, or one this benchmark created (:data:`PEER_MARKER`, or the default folder): any other
+    folder is refused, never cleared, since rebuilding an environment deletes what it holds.
+    """
+    env_dir = Path(env_dir)
     python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     probe = [str(python), "-c", "import GenZ"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
-    _venv.EnvBuilder(with_pip=True, clear=python.exists()).create(env_dir)
+    ours = (env_dir / PEER_MARKER).exists() or env_dir.resolve() == default_venv().resolve()
+    if env_dir.exists() and (not env_dir.is_dir() or any(env_dir.iterdir())) and not ours:
+        raise SpecError(f"--venv {env_dir}: this folder holds files the peer benchmark did not create, and "
+                        f"installing the peer ({PEER_REQUIREMENT}) would rebuild it; give a new or empty folder "
+                        f"(default {default_venv()})")
+    _venv.EnvBuilder(with_pip=True, clear=ours and python.exists()).create(env_dir)
+    (env_dir / PEER_MARKER).write_text("created by mocap-jax bench peer; safe to delete\n")
     pip = subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_REQUIREMENT], capture_output=True, text=True)
     if pip.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
         raise RuntimeError(f"could not install {PEER_REQUIREMENT} into {env_dir}: {pip.stderr.strip()[-800:]}")
