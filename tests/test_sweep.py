@@ -367,6 +367,16 @@ def test_e2e_clock_too_coarse_is_refused_not_written(tmp_path):
     assert not list((tmp_path / "o" / "parts").iterdir())
 
 
+@pytest.mark.parametrize("devices,fragment", [
+    (0, "use between 1 and 8"), (99, "use between 1 and 8"), ("cpu", "a count, or a list of JAX devices; got 'cpu'"),
+    ([0, 1], "each a JAX device"), ([], "at least one device"),
+])
+def test_devices_are_refused_before_anything_runs(tmp_path, devices, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        sweep.run_sweep({"grid": {"seq_len": [8192]}}, tmp_path / "o", quiet=True, devices=devices)
+    assert not (tmp_path / "o").exists()
+
+
 def test_only_the_evaluate_module_calls_the_simulator(imports_of):
     import importlib
 

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import jax
@@ -85,11 +86,15 @@ def _devices(devices) -> list:
         return local
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         if not 1 <= devices <= len(local):
-            raise SpecError(f"devices={devices}: this process has {len(local)} local devices")
+            raise SpecError(f"devices={devices}: use between 1 and {len(local)}, the local devices of this process")
         return local[: int(devices)]
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise SpecError(f"devices must be None (every local device), a count, or a list of JAX devices; "
+                        f"got {devices!r}")
     devices = list(devices)
-    if not devices:
-        raise SpecError("devices must name at least one device")
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise SpecError(f"devices must name at least one device, each a JAX device (jax.local_devices()); "
+                        f"got {devices!r}")
     return devices
 
 
