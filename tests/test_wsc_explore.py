@@ -1,6 +1,7 @@
 """Design-space exploration, de-confounded baselines, figures and their CLI (tiny sizes)."""
 
 import csv
+import math
 import dataclasses
 import json
 
@@ -100,6 +101,28 @@ def test_design_space_figure_run_and_plot(explored, tmp_path):
         assert data["goodput_norm"][i, 0, y, x] == pytest.approx(1.0)
     path = fg.plot_design_space(data, tmp_path / "wsc_design_space.png")
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_ranking_counts_the_points_whose_goodput_is_only_the_offered_rate():
+    """Points that met every SLO at every rate score the offered rates alike: the ranking says how many."""
+    hw = ex.template_points(((4, 4),), dram_gb=(32, 64, 96), d2d_tbps=(2.0,))
+
+    def row(h, load, attainment, e2e, feasible=True):
+        return dict(grid=f"{h.rows}x{h.cols}", dram_gb=h.dram_gb, dram_tbps=h.dram_tbps, d2d_tbps=h.d2d_tbps, model="m",
+                    workload="w", load=load, feasible=feasible, slo_attainment=attainment,
+                    goodput_rps=10.0 * load * attainment if feasible else 0.0, e2e_mean_s=e2e)
+
+    a, b, c = hw
+    rows = [row(a, 1, 1.0, 2.0), row(a, 2, 1.0, 3.0),      # every SLO met at both rates
+            row(b, 1, 1.0, 1.0), row(b, 2, 1.0, 1.5),      # the same goodput, lower E2E: ranked first
+            row(c, 1, 1.0, 1.0), row(c, 2, 0.5, 9.0)]      # saturated at the higher rate
+    _, per_model = rk.best_designs(rows, hw, ["m"], ["w"])
+    (best,) = [p for p in per_model if p["subset"] == "all"]
+    assert best["hardware"] == b.label and best["goodput_sum_rps"] == 30.0
+    assert (best["points_meeting_every_slo"], best["points"]) == (2, 3)
+    rows[-2:] = [row(c, load, 0.0, math.inf, feasible=False) for load in (1, 2)]   # a point that cannot serve m
+    _, per_model = rk.best_designs(rows, hw, ["m"], ["w"])
+    assert [(p["points_meeting_every_slo"], p["points"]) for p in per_model if p["subset"] == "all"] == [(2, 2)]
 
 
 def test_robustness_ranks_each_perturbation_as_its_own_run():

@@ -112,9 +112,15 @@ def cmd_explore(args) -> int:
                   b["runner_up_score"] if b["runner_up_score"] is not None else float("nan")] for b in res.best]))
     print()
     print("best per workload and model:")
-    print(table(["workload", "model", "subset", "best hardware", "goodput sum req/s", "E2E mean s"],
-                [[b["workload"], b["model"], b["subset"], b["hardware"], b["goodput_sum_rps"], b["e2e_mean_s"]]
-                 for b in res.best_per_model]))
+    print(table(["workload", "model", "subset", "best hardware", "goodput sum req/s", "E2E mean s", "every SLO met"],
+                [[b["workload"], b["model"], b["subset"], b["hardware"], b["goodput_sum_rps"], b["e2e_mean_s"],
+                  f"{b['points_meeting_every_slo']}/{b['points']}"] for b in res.best_per_model]))
+    unsaturated = sorted({(b["model"], b["workload"]) for b in res.best_per_model if b["points_meeting_every_slo"] > 1})
+    if unsaturated:
+        print(f"\n'every SLO met': design points whose bursts met every SLO at every rate, so their goodput is the "
+              f"offered rate and cannot rank them (mean E2E does). For {', '.join(f'{m} on {w}' for m, w in unsaturated)} "
+              f"several are; longer bursts (--max-requests, --window-s) or higher --loads show where they saturate "
+              f"(docs/wsc_llm.md, 'What a finite burst measures').")
     print(f"\nresults: {csv_path}, {best_path}" + (f"; figure: {fig}" if fig else ""))
     print(f"set-up {t['setup_s']:.1f} s, simulation {t['simulate_s']:.1f} s ({t['groups']} compiled program, compile "
           f"{t['compile_s']:.1f} s), {t['requests_per_wall_s']:.0f} simulated requests per wall-second")

@@ -5,6 +5,10 @@ the TTFT and TPOT SLOs per second) summed over the swept rates; per workload the
 hardware point maximises the geometric mean over models of the score normalised by the
 best score of that model (ties: lower mean E2E latency).  Points that cannot serve a model
 score 0 for it (and are ranked last when any model cannot be served).
+
+A point whose bursts meet every SLO at every rate scores the offered rates, whatever its
+capacity: goodput cannot rank such points against each other (only mean E2E then does), so
+each (workload, model) also counts them (``points_meeting_every_slo`` of ``points``).
 """
 
 from __future__ import annotations
@@ -16,16 +20,18 @@ import numpy as np
 
 
 def scores(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """Per (hardware label, model, workload): goodput summed over loads and mean E2E over loads."""
+    """Per (hardware label, model, workload): goodput summed over loads, mean E2E over loads, and whether
+    every request of every load met the SLOs."""
     acc: dict = {}
     for r in rows:
         key = (hardware_key(r), r["model"], r["workload"])
-        a = acc.setdefault(key, {"score": 0.0, "e2e": [], "feasible": bool(r.get("feasible"))})
+        a = acc.setdefault(key, {"score": 0.0, "e2e": [], "feasible": bool(r.get("feasible")), "attainment": 1.0})
         a["score"] += float(r.get("goodput_rps") or 0.0)
+        a["attainment"] = min(a["attainment"], float(r.get("slo_attainment") or 0.0))
         e = r.get("e2e_mean_s")
         a["e2e"].append(float(e) if e is not None and math.isfinite(float(e)) else math.inf)
-    return {k: {"score": v["score"], "e2e_mean_s": float(np.mean(v["e2e"])), "feasible": v["feasible"]}
-            for k, v in acc.items()}
+    return {k: {"score": v["score"], "e2e_mean_s": float(np.mean(v["e2e"])), "feasible": v["feasible"],
+                "every_slo_met": v["feasible"] and v["attainment"] >= 1.0} for k, v in acc.items()}
 
 
 def hardware_key(r: dict[str, Any]) -> str:
@@ -66,8 +72,10 @@ def _best_of(sc, labels, models, workloads):
             ranked = sorted(labels, key=lambda l: (-sc.get((l, m, w), {"score": 0.0})["score"],
                                                    sc.get((l, m, w), {"e2e_mean_s": math.inf})["e2e_mean_s"]))
             b = ranked[0]
+            here = [sc[(l, m, w)] for l in labels if (l, m, w) in sc and sc[(l, m, w)]["feasible"]]
             per_model.append({"workload": w, "model": m, "hardware": b, "goodput_sum_rps": sc[(b, m, w)]["score"],
-                              "e2e_mean_s": sc[(b, m, w)]["e2e_mean_s"]})
+                              "e2e_mean_s": sc[(b, m, w)]["e2e_mean_s"], "points": len(here),
+                              "points_meeting_every_slo": sum(x["every_slo_met"] for x in here)})
         def key(l):
             vals = [norm[(l, m)] for m in models]
             geo = float(np.exp(np.mean(np.log(np.maximum(vals, 1e-12))))) if all(v > 0 for v in vals) else 0.0
