@@ -146,6 +146,12 @@ def test_cli_bad_file_exits_2_without_traceback(tmp_path, capsys):
     assert "Traceback" not in err and err.count("\n") == 1 and "chunks" in err and str(p) in err
     assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read sweep file" in capsys.readouterr().err
+    ok = _write(tmp_path, "[grid]\nseq_len = [8192]\n")
+    for dry in ([], ["--dry-run"]):   # contradictory flags: refused, in a dry run too, before anything is written
+        assert main(["sweep", str(ok), "--out", str(tmp_path / "r"), "--resume", "--overwrite", *dry]) == 2
+        assert "give one of them" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match="resume continues an earlier run and overwrite discards it"):
+        sweep.run_sweep(ok, tmp_path / "r", resume=True, overwrite=True, quiet=True)
 
 
 def test_impossible_points_as_rows(tmp_path):

@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..specs import SpecError
 from .common import counted, rate
 from .core import positive_int
 from .stderr_filter import sync
@@ -95,6 +96,8 @@ def format_dry_run(d: dict) -> str:
 def cmd_sweep(args) -> int:
     from .. import sweep
 
+    if args.resume and args.overwrite:
+        raise SpecError("--resume continues an earlier run and --overwrite discards it; give one of them")
     if args.dry_run:
         t0 = time.perf_counter()
         d = sweep.describe(args.file, block_size=args.block_size)

@@ -180,6 +180,8 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
       :class:`SweepSummary`.  ``results`` is None while the sweep is incomplete (``limit``).
     """
     t_start = time.perf_counter()
+    if resume and overwrite:
+        raise SpecError("resume continues an earlier run and overwrite discards it; give one of them")
     maybe_init_distributed()
     cfg = load_sweep(source, max_points=max_points)
     devs = _devices(devices)
