@@ -138,13 +138,18 @@ def wafer_from_args(args) -> WaferSpec:
     return wafer
 
 
+def check_slos(tpot_slo_ms, ttft_slo_s) -> None:
+    """The SLO flags: positive, finite numbers (milliseconds per output token, seconds to first token)."""
+    checks.positive("--tpot-slo-ms", tpot_slo_ms, hint=" Give the SLO in milliseconds.")
+    checks.positive("--ttft-slo-s", ttft_slo_s, hint=" Give the SLO in seconds.")
+
+
 def offline_strategies(args):
     if args.chunk < 1:
         raise SpecError(f"--chunk must be a positive number of tokens, got {args.chunk}")
     if args.max_batch < 1:
         raise SpecError(f"--max-batch must be a positive integer, got {args.max_batch}")
-    checks.positive("--tpot-slo-ms", args.tpot_slo_ms, hint=" Give the SLO in milliseconds.")
-    checks.positive("--ttft-slo-s", args.ttft_slo_s, hint=" Give the SLO in seconds.")
+    check_slos(args.tpot_slo_ms, args.ttft_slo_s)
     if args.rate is not None:
         checks.load("--rate", args.rate)
     strategies = part.validate_strategies([s.strip() for s in args.strategies.split(",") if s.strip()])
@@ -273,8 +278,7 @@ def serving_config(args, workload: str | None = None):
     if args.chunk < 1 or args.max_batch < 1 or args.window < 1:
         raise SpecError("--chunk, --max-batch and --window must be positive integers")
     ttft = args.ttft_slo_s if args.ttft_slo_s is not None else WORKLOAD_TTFT_SLOS.get(workload, ServingConfig.ttft_slo_s)
-    checks.positive("--tpot-slo-ms", args.tpot_slo_ms, hint=" Give the SLO in milliseconds.")
-    checks.positive("--ttft-slo-s", ttft, hint=" Give the SLO in seconds.")
+    check_slos(args.tpot_slo_ms, ttft)
     if getattr(args, "requests", None) is not None:
         checks.integer("--requests", args.requests, 2, checks.LIMITS["requests"],
                        " Pass the requests to simulate per point, e.g. 1000.")
