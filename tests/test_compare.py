@@ -62,6 +62,15 @@ def test_every_scheme_runs_its_choice_with_stage_groups(tp):
     assert "mocap: MBKR's last pass still moved the timeline" in format_compare(moving)
 
 
+@pytest.mark.parametrize("kw, fragment", [({"seed": -1}, "seed must be an integer >= 0"),
+                                          ({"seed": 2 ** 40}, "seed = 1099511627776 exceeds"),
+                                          ({"with_max_seq": "no"}, "with_max_seq must be true or false")])
+def test_compare_settings_bad_input(kw, fragment):
+    """Refused on construction, not after minutes of planning (a negative seed failed in NumPy's generator)."""
+    with pytest.raises(ValueError, match=fragment):
+        CompareSettings(**kw)
+
+
 @pytest.mark.parametrize("kw, fragment", [({"chunks": 300}, "chunks"), ({"min_seq_len": 1000}, "multiple of 256"),
                                           ({"min_seq_len": 100}, "min_seq_len")])
 def test_study_settings_bad_input(kw, fragment):

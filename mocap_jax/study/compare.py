@@ -85,6 +85,8 @@ class CompareSettings:
         self.max_batch = checks.integer("max_batch", self.max_batch, 1, LIMITS["batch"])
         self.requests = checks.integer("requests", self.requests, 1, LIMITS["requests"])
         self.tp = checks.integer("tp", self.tp, 1, LIMITS["dies"])
+        self.seed = checks.integer("seed", self.seed, 0, LIMITS["seed"])
+        self.with_max_seq = checks.flag("with_max_seq", self.with_max_seq)
         self.microbatches = tuple(checks.integer("microbatch", m, 1, LIMITS["batch"]) for m in self.microbatches)
         checks.choice("arrival process", self.arrivals, ARRIVALS)
 
