@@ -14,7 +14,8 @@ from mocap_jax.cli.sweep import MILLION_TOML, bucket_shares
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
+def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the dry run checks the default --out, sweep-results/quick, as the run would
     out = tmp_path / "q"
     quick = str(ROOT / "sweeps" / "quick.toml")
     assert main(["sweep", quick, "--dry-run"]) == 0
@@ -30,6 +31,29 @@ def test_sweep_command_summary_dry_run_and_resume(tmp_path, capsys):
     assert d["complete"] and d["points"] == 26 and d["skipped"] == 8 and d["compiles"] <= d["buckets"]
     assert 0 < d["feasible_share"] < 1 and Path(d["results"]).exists()
     assert len(sweep.read_results(d["results"])) == 26
+
+
+def test_dry_run_refuses_what_the_run_would_refuse(tmp_path, capsys):
+    quick = str(ROOT / "sweeps" / "quick.toml")
+    (tmp_path / "a-file").write_text("keep me")
+    refusals = {("--out", str(tmp_path / "a-file")): "is a file, not a directory",
+                ("--out", str(tmp_path / "a-file" / "below")): "is a file, not a directory",
+                ("--out", str(tmp_path / "r.csv"), "--format", "parquet"): "ends in .csv but the format is parquet",
+                ("--out", str(tmp_path / "new"), "--devices", "99"): "use between 1 and"}
+    for extra, message in refusals.items():
+        assert main(["sweep", quick, "--dry-run", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (extra, err)
+    assert (tmp_path / "a-file").read_text() == "keep me" and not (tmp_path / "new").exists()
+    out = str(tmp_path / "q")
+    assert main(["sweep", quick, "--out", out, "--quiet", "--limit", "8"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", quick, "--dry-run", "--out", out]) == 2     # an earlier run there: resume or overwrite
+    assert "--resume" in capsys.readouterr().err
+    for choice in ("--resume", "--overwrite"):
+        assert main(["sweep", quick, "--dry-run", "--out", out, choice]) == 0
+    assert "26 points, 4 buckets" in capsys.readouterr().out
+    assert len(list((tmp_path / "q" / "parts").iterdir())) == 1        # a dry run changes nothing
 
 
 def test_bench_sweep_json(capsys):

@@ -10,7 +10,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..specs import SpecError
 from .common import counted, rate
 from .core import positive_int
 from .stderr_filter import sync
@@ -96,9 +95,11 @@ def format_dry_run(d: dict) -> str:
 def cmd_sweep(args) -> int:
     from .. import sweep
 
-    if args.resume and args.overwrite:
-        raise SpecError("--resume continues an earlier run and --overwrite discards it; give one of them")
     if args.dry_run:
+        # the run's own checks, so that a dry run that passes is a run that starts (disk space aside:
+        # counting a grid too large to write is what a dry run is for)
+        sweep.check_run(args.file, args.out, resume=args.resume, overwrite=args.overwrite, devices=args.devices,
+                        format=args.format)
         t0 = time.perf_counter()
         d = sweep.describe(args.file, block_size=args.block_size)
         d["plan_s"] = time.perf_counter() - t0

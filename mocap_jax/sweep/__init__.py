@@ -29,7 +29,7 @@ from ..specs import SpecError, checks
 from .config import KEYS, MAX_BLOCK, SETTINGS, SweepConfig, load_sweep
 from .output import COLUMNS, read_results
 from .plan import Plan
-from .runner import SweepSummary, maybe_init_distributed, run_sweep
+from .runner import SweepSummary, check_run, maybe_init_distributed, run_sweep
 
 #: points :func:`expand` lists at most (a list of dicts per point)
 EXPAND_LIMIT = 1 << 20
@@ -60,5 +60,5 @@ def describe(source, block_size: int | None = None, max_points: int | None = Non
             "blocks": plan.num_blocks(), "block_size": plan.block_size, "representatives": plan.representatives}
 
 
-__all__ = ["KEYS", "SETTINGS", "COLUMNS", "SweepConfig", "SweepSummary", "load_sweep", "run_sweep", "expand",
-           "describe", "read_results", "maybe_init_distributed"]
+__all__ = ["KEYS", "SETTINGS", "COLUMNS", "SweepConfig", "SweepSummary", "load_sweep", "run_sweep", "check_run",
+           "expand", "describe", "read_results", "maybe_init_distributed"]

@@ -98,6 +98,26 @@ def _devices(devices) -> list:
     return devices
 
 
+def _check_flags(resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise SpecError("resume continues an earlier run and overwrite discards it; give one of them")
+
+
+def check_run(source, out_dir=None, *, resume: bool = False, overwrite: bool = False, devices=None,
+              format: str | None = None, max_points: int | None = None) -> None:
+    """Make the checks :func:`run_sweep` makes before it evaluates anything, except free disk space,
+    and change nothing: the sweep file, the flags, the devices and the output location (arguments as
+    for :func:`run_sweep`).  A dry run uses it to say whether the run itself would start.
+
+    Raises:
+      SpecError: what the run would refuse, in the run's words.
+    """
+    _check_flags(resume, overwrite)
+    cfg = load_sweep(source, max_points=max_points)
+    _devices(devices)
+    files.check(files.layout(out_dir, cfg.name, format), cfg.name, resume=resume, overwrite=overwrite)
+
+
 def _barrier(failed: bool = False) -> bool:
     """Wait for every process; True if any process reported ``failed`` (one process: ``failed``)."""
     if jax.process_count() == 1:
@@ -180,8 +200,7 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
       :class:`SweepSummary`.  ``results`` is None while the sweep is incomplete (``limit``).
     """
     t_start = time.perf_counter()
-    if resume and overwrite:
-        raise SpecError("resume continues an earlier run and overwrite discards it; give one of them")
+    _check_flags(resume, overwrite)
     maybe_init_distributed()
     cfg = load_sweep(source, max_points=max_points)
     devs = _devices(devices)
