@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..specs import checks
 from ..wsc import baselines as bl
+from ..wsc import bursts
 from ..wsc import explore as ex
 from ..wsc import figures as fg
 from ..wsc import robustness as rb
@@ -79,23 +80,36 @@ def slo_text(config, workloads, args) -> str:
 def cmd_explore(args) -> int:
     config = serving_config(args)
     sweep = sweep_from_args(args)
+    if args.burst_factor != 0:
+        checks.integer("--burst-factor", args.burst_factor, 2, hint=" Give 0 to skip the check.")
     hw = sweep.hardware
     models, workloads, loads = sweep.models, sweep.workloads, sweep.loads
     check_output_dir(args.out)
     if not args.no_figure:
         check_figure_file(args.figure)
+    slos = {} if args.ttft_slo_s is not None else None
     with progress_bar("simulating design points", "point", args.quiet) as advance:
-        res = ex.explore(sweep, config, {} if args.ttft_slo_s is not None else None, program_dtype(args),
-                         progress=advance)
+        res = ex.explore(sweep, config, slos, program_dtype(args), progress=advance)
     out = Path(args.out)
     csv_path = res.write_csv(out / "wsc_explore.csv")
     best_path = ex.write_rows(res.best + res.best_per_model, out / "wsc_explore_best.csv")
+    check = bursts_path = None
+    if args.burst_factor:
+        with progress_bar(f"checking the best designs with {args.burst_factor}x longer bursts", "point",
+                          args.quiet) as advance:
+            check = bursts.check_bursts(res, sweep, config, slos, args.burst_factor, program_dtype(args),
+                                        progress=advance)
+        bursts_path = ex.write_rows([dict(v, kind="verdict") for v in check.verdicts] +
+                                    [dict(r, kind="point") for r in check.rows], out / "wsc_explore_bursts.csv")
     fig = None
     if not args.no_figure:
         fig = str(fg.plot_design_space(fg.run_design_space(res), args.figure))
     if args.json:
         emit_json({"best": res.best, "best_per_model": res.best_per_model, "timing": res.timing, "csv": str(csv_path),
-                    "best_csv": str(best_path), "figure": fig, "rows": res.rows})
+                    "best_csv": str(best_path), "figure": fig, "rows": res.rows,
+                    "bursts": None if check is None else {"factor": check.factor, "verdicts": check.verdicts,
+                                                          "rows": check.rows, "timing": check.timing,
+                                                          "csv": str(bursts_path)}})
         return 0
     t = res.timing
     print(f"WSC-LLM design-space exploration: {counted(len(hw), 'hardware point')} x {counted(len(models), 'model')} x "
@@ -119,12 +133,33 @@ def cmd_explore(args) -> int:
     if unsaturated:
         print(f"\n'every SLO met': design points whose bursts met every SLO at every rate, so their goodput is the "
               f"offered rate and cannot rank them (mean E2E does). For {', '.join(f'{m} on {w}' for m, w in unsaturated)} "
-              f"several are; longer bursts (--max-requests, --window-s) or higher --loads show where they saturate "
-              f"(docs/wsc_llm.md, 'What a finite burst measures').")
-    print(f"\nresults: {csv_path}, {best_path}" + (f"; figure: {fig}" if fig else ""))
+              f"several are; longer bursts (--burst-factor, --max-requests, --window-s) or higher --loads show where "
+              f"they saturate (docs/wsc_llm.md, 'What a finite burst measures').")
+    if check is not None:
+        print()
+        print(burst_table(check, loads))
+    print(f"\nresults: {csv_path}, {best_path}" + (f", {bursts_path}" if bursts_path else "") +
+          (f"; figure: {fig}" if fig else ""))
     print(f"set-up {t['setup_s']:.1f} s, simulation {t['simulate_s']:.1f} s ({t['groups']} compiled program, compile "
-          f"{t['compile_s']:.1f} s), {t['requests_per_wall_s']:.0f} simulated requests per wall-second")
+          f"{t['compile_s']:.1f} s), {t['requests_per_wall_s']:.0f} simulated requests per wall-second" +
+          ("" if check is None else f"; burst check {check.timing['total_s']:.1f} s "
+           f"({counted(check.timing['points'], 'point')}, {counted(check.timing['simulated_requests'], 'request')})"))
     return 0
+
+
+def burst_table(check: bursts.BurstCheck, loads) -> str:
+    """The burst check as text: per (workload, model) the verdict and both contenders' goodput."""
+    pair = lambda a, b: "-" if a is None else f"{a:.1f} -> {b:.1f}"
+    heads = ["workload", "model", "verdict", "best (exploration)", "goodput req/s", "rival", "goodput req/s ",
+             "best after"]
+    rows = [[v["workload"], v["model"], v["verdict"], v["best"], pair(v["best_goodput_rps"], v["best_goodput_longer_rps"]),
+             v["rival"] or "-", pair(v["rival_goodput_rps"], v["rival_goodput_longer_rps"]), v["best_after"]]
+            for v in check.verdicts]
+    return (f"does the best design hold for {check.factor}x longer bursts? Per workload and model the best, the "
+            f"runner-up and the best point of other die grids and DRAMs, re-simulated at the highest rate "
+            f"({max(loads):g}x); rival: the strongest of another grid or DRAM after the longer bursts; goodput at "
+            f"that rate with the exploration's burst -> the longer one; 'tied': within "
+            f"{bursts.TIE_RTOL:.0%} again\n" + table(heads, rows))
 
 
 def cmd_baselines(args) -> int:
@@ -248,6 +283,9 @@ def register_explore(sub, bench_sub) -> None:
     e.add_argument("--figure", default="figures/wsc_design_space.png", help="design-space figure path")
     e.add_argument("--no-figure", action="store_true")
     e.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    e.add_argument("--burst-factor", type=int, default=bursts.DEFAULT_FACTOR,
+                   help=f"re-simulate each best design and its contenders at the highest rate with bursts this many "
+                        f"times longer, and say whether it holds (default {bursts.DEFAULT_FACTOR}; 0 skips)")
     serving_args(e, requests=None)
     e.set_defaults(func=cmd_explore)
 

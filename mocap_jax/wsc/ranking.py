@@ -60,6 +60,13 @@ def best_designs(rows, hardware: Sequence[Any], models: Sequence[str], workloads
     return best, per_model
 
 
+def model_order(sc, labels: Sequence[str], model: str, workload: str) -> list[str]:
+    """``labels`` best first for one (model, workload) of :func:`scores`: higher score, then lower mean E2E."""
+    missing = {"score": 0.0, "e2e_mean_s": math.inf}
+    return sorted(labels, key=lambda l: (-sc.get((l, model, workload), missing)["score"],
+                                         sc.get((l, model, workload), missing)["e2e_mean_s"]))
+
+
 def _best_of(sc, labels, models, workloads):
     best, per_model = [], []
     for w in workloads:
@@ -69,13 +76,15 @@ def _best_of(sc, labels, models, workloads):
             for l in labels:
                 s = sc.get((l, m, w), {"score": 0.0})["score"]
                 norm[(l, m)] = s / top if top > 0 else 0.0
-            ranked = sorted(labels, key=lambda l: (-sc.get((l, m, w), {"score": 0.0})["score"],
-                                                   sc.get((l, m, w), {"e2e_mean_s": math.inf})["e2e_mean_s"]))
-            b = ranked[0]
+            ranked = model_order(sc, labels, m, w)
+            b, second = ranked[0], ranked[1] if len(ranked) > 1 else None
             here = [sc[(l, m, w)] for l in labels if (l, m, w) in sc and sc[(l, m, w)]["feasible"]]
             per_model.append({"workload": w, "model": m, "hardware": b, "goodput_sum_rps": sc[(b, m, w)]["score"],
                               "e2e_mean_s": sc[(b, m, w)]["e2e_mean_s"], "points": len(here),
-                              "points_meeting_every_slo": sum(x["every_slo_met"] for x in here)})
+                              "points_meeting_every_slo": sum(x["every_slo_met"] for x in here),
+                              "runner_up": second,
+                              "runner_up_goodput_sum_rps": sc.get((second, m, w), {"score": 0.0})["score"] if second
+                              else None})
         def key(l):
             vals = [norm[(l, m)] for m in models]
             geo = float(np.exp(np.mean(np.log(np.maximum(vals, 1e-12))))) if all(v > 0 for v in vals) else 0.0
@@ -90,4 +99,4 @@ def _best_of(sc, labels, models, workloads):
     return best, per_model
 
 
-__all__ = ["scores", "best_designs", "hardware_key"]
+__all__ = ["scores", "best_designs", "model_order", "hardware_key"]
