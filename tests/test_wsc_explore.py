@@ -12,6 +12,7 @@ from mocap_jax.cli import main
 from mocap_jax.cli.wsc_explore import bench_explore
 from mocap_jax.specs import SpecError
 from mocap_jax.wsc import baselines as bl
+from mocap_jax.wsc import bursts
 from mocap_jax.wsc import explore as ex
 from mocap_jax.wsc import figures as fg
 from mocap_jax.wsc import ranking as rk
@@ -125,6 +126,31 @@ def test_ranking_counts_the_points_whose_goodput_is_only_the_offered_rate():
     assert [(p["points_meeting_every_slo"], p["points"]) for p in per_model if p["subset"] == "all"] == [(2, 2)]
 
 
+def test_burst_check_takes_the_best_the_runner_up_and_the_best_of_each_other_grid_and_dram():
+    hw = ex.template_points(((4, 4),), dram_gb=(32, 64, 96), d2d_tbps=(1.5, 2.5))
+    score = {(96, 1.5): 30.0, (96, 2.5): 29.0, (64, 1.5): 20.0, (64, 2.5): 25.0, (32, 1.5): 10.0, (32, 2.5): 0.0}
+    rows = [dict(grid="4x4", dram_gb=h.dram_gb, dram_tbps=h.dram_tbps, d2d_tbps=h.d2d_tbps, model="llama2-7b",
+                 workload="azure-conv", load=1.0, feasible=score[(h.dram_gb, h.d2d_tbps)] > 0, slo_attainment=0.5,
+                 goodput_rps=score[(h.dram_gb, h.d2d_tbps)], e2e_mean_s=1.0) for h in hw]
+    sweep = ex.Sweep(("llama2-7b",), ("azure-conv",), (1.0,), tuple(hw))
+    res = ex.ExploreResult(rows=rows, best=[], best_per_model=[], rates={("llama2-7b", "azure-conv"): [1.0]})
+    label = {(h.dram_gb, h.d2d_tbps): h.label for h in hw}
+    got = lambda k: bursts.contenders(res, sweep, k)[("azure-conv", "llama2-7b")]
+    # the runner-up is the best's D2D twin; other DRAMs enter by their best point, best first; 32 GB at
+    # 2.5 TB/s cannot serve the model
+    assert got(3) == [label[(96, 1.5)], label[(96, 2.5)], label[(64, 2.5)], label[(32, 1.5)]]
+    assert got(1) == [label[(96, 1.5)], label[(96, 2.5)], label[(64, 2.5)]]
+    assert got(0) == [label[(96, 1.5)], label[(96, 2.5)]]
+    sc = rk.scores(rows)
+    verdict = lambda best, rival: bursts._verdict(sc, ("azure-conv", "llama2-7b"), label[best], label[rival])
+    assert verdict((96, 1.5), (64, 2.5)) == "holds" and verdict((64, 2.5), (96, 1.5)) == "flips"
+    assert verdict((96, 1.5), (96, 2.5)) == "holds" and bursts._verdict(sc, ("azure-conv", "llama2-7b"),
+                                                                        label[(96, 1.5)], None) == "no rival"
+    (twin,) = [r for r in rows if (r["dram_gb"], r["d2d_tbps"]) == (96, 2.5)]
+    twin["goodput_rps"] = 30.0 * (1 - bursts.TIE_RTOL / 2)       # within the tie tolerance
+    assert bursts._verdict(rk.scores(rows), ("azure-conv", "llama2-7b"), label[(96, 1.5)], label[(96, 2.5)]) == "tied"
+
+
 def test_robustness_ranks_each_perturbation_as_its_own_run():
     """The nominal run is the exploration's answer; an identity perturbation ranks exactly as the nominal
     model; a strong one changes the margins (tight SLOs, so the designs' goodput differs); how the
@@ -205,10 +231,31 @@ def test_explore_cli(tmp_path, capsys):
     out, fig = tmp_path / "res", tmp_path / "ds.png"
     code = main(["wsc-llm", "explore", "--models", "llama2-7b", "--workloads", "code,conv", "--grids", "4x4",
                  "--dram-gb", "32,64", "--d2d-tbps", "1.5,2.5", "--loads", "1,2", "--requests", "40", "--seed", "1",
-                 "--out", str(out), "--figure", str(fig), "--json", *TINY])
+                 "--out", str(out), "--figure", str(fig), "--json", "--burst-factor", "3", *TINY])
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and fig.exists() and (out / "wsc_explore.csv").exists() and (out / "wsc_explore_best.csv").exists()
     assert len(d["best"]) == 4 and d["timing"]["points"] == 16
+    # the burst check: per workload, the exploration's best and its contenders at the highest rate (2x), with
+    # bursts 3x as long at the same rate, ranked again by the exploration's score with that rate's row replaced
+    b = d["bursts"]
+    assert b["factor"] == 3 and (out / "wsc_explore_bursts.csv").exists()
+    assert [v["workload"] for v in b["verdicts"]] == ["azure-code", "azure-conv"]
+    best = {p["workload"]: p["hardware"] for p in d["best_per_model"] if p["subset"] == "all"}
+    rows = {(r["workload"], rk.hardware_key(r), r["load"]): r for r in d["rows"]}
+    longer = {(r["workload"], rk.hardware_key(r)): r for r in b["rows"]}
+    assert len(longer) == len(b["rows"]) == sum(v["contenders"] for v in b["verdicts"])
+    for v in b["verdicts"]:
+        w = v["workload"]
+        assert v["best"] == best[w] and (v["requests"], v["requests_longer"]) == (40, 120)
+        assert all(r["requests"] == 120 and r["load"] == 2.0 for (ww, _), r in longer.items() if ww == w)
+        assert v["rival"] is not None and v["rival"][:10] != v["best"][:10]   # another DRAM (one grid here)
+        after = {h: rows[(w, h, 1.0)]["goodput_rps"] + r["goodput_rps"] for (ww, h), r in longer.items() if ww == w}
+        mine, theirs = after[v["best"]], after[v["rival"]]
+        assert v["best_goodput_longer_rps"] == longer[(w, v["best"])]["goodput_rps"]
+        assert v["best_goodput_rps"] == rows[(w, v["best"], 2.0)]["goodput_rps"]
+        expected = ("tied" if abs(mine - theirs) <= bursts.TIE_RTOL * max(mine, theirs) else
+                    "holds" if mine > theirs else "flips")
+        assert v["verdict"] == expected
 
 
 @pytest.mark.slow
@@ -232,6 +279,7 @@ def test_baselines_cli(tmp_path, capsys):
     (["baselines", "--workload", "azure_conv_trace.csv"], "runs the synthetic presets, not trace files"),
     (["explore", "--dram-gb", "abc"], "--dram-gb expects comma-separated numbers"),
     (["explore", "--window-s", "0"], "--window-s must be > 0"),
+    (["explore", "--burst-factor", "1"], "--burst-factor"),
     (["explore", "--grids", "0x9"], "rows and cols must be positive"),
     (["explore", "--grids", "6xa"], "die grids are given as RxC"),
     (["explore", "--dram-gb", "0,64"], "--dram-gb values must be positive"),

@@ -149,7 +149,7 @@ def cmd_explore(args) -> int:
 
 def burst_table(check: bursts.BurstCheck, loads) -> str:
     """The burst check as text: per (workload, model) the verdict and both contenders' goodput."""
-    pair = lambda a, b: "-" if a is None else f"{a:.1f} -> {b:.1f}"
+    pair = lambda a, b: "-" if a is None else f"{a:.4g} -> {b:.4g}"
     heads = ["workload", "model", "verdict", "best (exploration)", "goodput req/s", "rival", "goodput req/s ",
              "best after"]
     rows = [[v["workload"], v["model"], v["verdict"], v["best"], pair(v["best_goodput_rps"], v["best_goodput_longer_rps"]),
