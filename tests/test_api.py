@@ -157,6 +157,19 @@ def test_the_honesty_check_names_the_point():
 
 def test_top_level_exports():
     assert mj.pipeline_latency(np.full((4, 3), 1.0)) == pytest.approx(6.0)
+    # times given as numbers are checked: a NaN or a negative duration would spread into every later finish
+    t = np.full((4, 3), 1.0)
+    for name, kwargs, fragment in (("t", {}, r"t\[2, 1\] is nan"), ("t", {}, r"t\[2, 1\] is -1"),
+                                   ("handoff", {"handoff": np.where(np.eye(4, 3) > 0, np.inf, 0.0)},
+                                    r"handoff\[0, 0\] is inf"),
+                                   ("ready", {"ready": np.array([0.0, np.nan, 0.0, 0.0])}, r"ready\[1\] is nan")):
+        bad = t.copy()
+        if not kwargs:
+            bad[2, 1] = np.nan if "nan" in fragment else -1.0
+        with pytest.raises(ValueError, match=fragment):
+            mj.finish_times(bad, **kwargs)
+    early = mj.finish_times(t, ready=np.array([-1.0, 0.0, 0.0, 0.0]), stage_free=np.full(3, -2.0))
+    assert early[0, 0] == pytest.approx(0.0)     # times before 0 are fine: the origin is the caller's
     assert mj.uniform_partition(10, 4).tolist() == [3, 3, 2, 2]
     for args, fragment in (((100, 0), "chunks must be a positive integer"), ((3, 5), "seq_len must be an integer >= 5"),
                            ((10.5, 2), "seq_len must be an integer, got 10.5")):

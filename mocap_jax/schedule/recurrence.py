@@ -28,6 +28,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -123,7 +124,14 @@ def finish_times(t, handoff: Optional[jax.Array] = None, ready: Optional[jax.Arr
 
     Returns:
       ``[..., K, N]`` finish times in seconds (start = finish - t).
+
+    Raises:
+      ValueError: ``t`` not at least 2-D; an argument given as numbers (not traced) holding a NaN
+        or infinite time, or a negative ``t`` or ``handoff``.
     """
+    for name, x, durations in (("t", t, True), ("handoff", handoff, True), ("ready", ready, False),
+                               ("stage_free", stage_free, False)):
+        _check_concrete(name, x, durations)
     t = jnp.asarray(t)
     if t.ndim < 2:
         raise ValueError(f"t must have shape [..., K, N] (items, stages), got shape {t.shape}")
@@ -132,6 +140,22 @@ def finish_times(t, handoff: Optional[jax.Array] = None, ready: Optional[jax.Arr
     batch, (K, N) = t.shape[:-2], t.shape[-2:]
     full = lambda x, shape: jnp.zeros(shape, t.dtype) if x is None else jnp.broadcast_to(jnp.asarray(x, t.dtype), shape)
     return _finish(t, full(handoff, t.shape), full(ready, batch + (K,)), full(stage_free, batch + (N,)))
+
+
+def _check_concrete(name: str, x, durations: bool) -> None:
+    """Refuse a NaN or infinite time, or a negative duration, in an argument given as numbers: the
+    recurrence would carry it into every later finish.  Traced arguments are the enclosing program's
+    to check (the evaluator's costs are finite by construction)."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return
+    a = np.asarray(x)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        return
+    bad = ~np.isfinite(a) | (a < 0) if durations else ~np.isfinite(a)
+    if np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} must hold finite{', non-negative' if durations else ''} seconds; "
+                         f"{name}{list(where) if where else ''} is {float(a[where]):g}")
 
 
 def pipeline_latency(t, handoff: Optional[jax.Array] = None, ready: Optional[jax.Array] = None):
