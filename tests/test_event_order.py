@@ -37,18 +37,26 @@ def test_prefix_scans_match_numpy():
     np.testing.assert_array_equal(np.asarray(prefix_max(jnp.asarray(ints))), np.maximum.accumulate(ints, axis=0))
 
 
-@pytest.mark.parametrize("n", [1, 7, FUSED_COUNT_MAX, FUSED_COUNT_MAX + 1, 64, 100])
+@pytest.mark.parametrize("n", [1, 7, FUSED_COUNT_MAX, FUSED_COUNT_MAX + 1, 64, 100, 300, 32 * FUSED_COUNT_MAX + 1])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_count_sorted_is_searchsorted_on_both_sides_of_the_method_switch(n, dtype):
-    """Both methods (fused compares up to FUSED_COUNT_MAX elements, binary search beyond) count like
-    ``np.searchsorted``, with ties, queries outside the range and infinite padding."""
+    """Every method (fused compares up to FUSED_COUNT_MAX elements, blocks of fused compares beyond,
+    a binary search where the blocks would exceed FUSED_COUNT_MAX) counts like ``np.searchsorted``,
+    with ties, queries outside the range, the dtype's largest value and infinite padding."""
     rng = np.random.default_rng(n)
     values = np.sort(rng.integers(-5, 6, n)).astype(dtype)
     queries = rng.integers(-7, 8, 50).astype(dtype)
     if dtype == np.float32:
         values[-max(n // 4, 1):] = np.inf
         queries[:3] = [np.inf, -np.inf, 0.5]
+    else:
+        top = np.iinfo(np.int32)
+        values[-max(n // 4, 1):] = top.max
+        queries[:2] = [top.max, top.min]
+    count = jax.jit(count_sorted, static_argnames="side")
     for side in ("left", "right"):
-        got = jax.jit(count_sorted, static_argnames="side")(jnp.asarray(values), jnp.asarray(queries), side=side)
+        got = count(jnp.asarray(values), jnp.asarray(queries), side=side)
         assert got.dtype == jnp.int32
         np.testing.assert_array_equal(np.asarray(got), np.searchsorted(values, queries, side=side))
+        grid = count(jnp.asarray(values), jnp.asarray(queries.reshape(5, 10)), side=side)
+        np.testing.assert_array_equal(np.asarray(grid), np.searchsorted(values, queries, side=side).reshape(5, 10))

@@ -9,10 +9,13 @@ rounding.
 
 Counting the elements of a sorted sequence at or below each query (:func:`count_sorted`) is a sum
 of compares while the sequence is short: XLA:CPU fuses a sum of at most 32 compares into one loop
-but splits a longer one into a ``reduce_window`` over a materialised ``[queries, n]`` mask.  Past
-32 elements a binary search (``log2(n)`` gathers per query) is faster: MBKR evaluations of 64-item
-timelines ran 1.5x faster with it, while 32-item ones ran about 10% slower, so short sequences keep
-the compares.
+but splits a longer one into a ``reduce_window`` over a materialised ``[queries, n]`` mask.  A
+longer sequence is cut into at most 32 blocks: a fused sum of compares with the blocks' last
+elements finds the block holding the boundary, one gather fetches that block's row, and a fused
+sum of compares counts inside it.  XLA:CPU pays per gathered index, so one gather of a row beats
+the ``log2(n)`` gathers of a binary search: 64 sorted values, 64 queries, 1,024 rows under
+``vmap`` took 0.29-0.35 ms against 1.30-1.39 ms for ``jnp.searchsorted(method="scan")``.  Short
+sequences keep the plain compares (32 values: 0.18 against 0.24 ms blocked).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-#: longest sorted sequence counted by fused compares rather than a binary search
+#: longest sorted sequence counted by one fused sum of compares (and most blocks of a longer one)
 FUSED_COUNT_MAX = 32
+#: fewest elements per block of a longer sequence (fewer blocks of 8 measured faster than more of 4)
+BLOCK_MIN = 8
 
 
 def prefix_sum(x, axis: int = 0):
@@ -36,10 +41,25 @@ def prefix_max(x, axis: int = 0):
 
 def count_sorted(values, queries, side: str = "right"):
     """Elements of the nondecreasing ``values [n]`` that are ``<=`` (``side="right"``) or ``<``
-    (``side="left"``) each of ``queries``; what ``jnp.searchsorted`` returns, ``int32``.
+    (``side="left"``) each of ``queries`` (any shape); what ``jnp.searchsorted`` returns, ``int32``.
+    Neither holds NaN.
 
-    The method is chosen by the static length ``n`` (see the module docstring); both give the
-    same integers.
+    The method is chosen by the static length ``n`` (see the module docstring); every method gives
+    the same integers.
     """
-    method = "compare_all" if values.shape[0] <= FUSED_COUNT_MAX else "scan"
-    return jnp.searchsorted(values, queries, side=side, method=method).astype(jnp.int32)
+    n = values.shape[0]
+    if n <= FUSED_COUNT_MAX:
+        return jnp.searchsorted(values, queries, side=side, method="compare_all").astype(jnp.int32)
+    width = max(BLOCK_MIN, -(-n // FUSED_COUNT_MAX))          # elements per block
+    if width > FUSED_COUNT_MAX:
+        return jnp.searchsorted(values, queries, side=side, method="scan").astype(jnp.int32)
+    blocks = -(-n // width)
+    # padding with the largest value keeps every row sorted; where it meets a query it counts (side
+    # "right" at the largest query), and the count is clipped to n
+    top = jnp.inf if jnp.issubdtype(values.dtype, jnp.floating) else jnp.iinfo(values.dtype).max
+    rows = jnp.concatenate([values, jnp.full((blocks * width - n,), top, values.dtype)]).reshape(blocks, width)
+    below = (lambda v, q: v <= q) if side == "right" else (lambda v, q: v < q)
+    q = queries[..., None]
+    full = jnp.sum(below(rows[:, -1], q), axis=-1, dtype=jnp.int32)          # whole blocks counted
+    inside = jnp.sum(below(rows[jnp.minimum(full, blocks - 1)], q), axis=-1, dtype=jnp.int32)
+    return jnp.minimum(full * width + jnp.where(full < blocks, inside, 0), n)
