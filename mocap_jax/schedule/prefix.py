@@ -57,11 +57,12 @@ def count_sorted(values, queries, side: str = "right"):
         return jnp.searchsorted(values, queries, side=side, method="scan").astype(jnp.int32)
     blocks = -(-n // width)
     # padding with the largest value keeps every row sorted; where it meets a query it counts (side
-    # "right" at the largest query), and the count is clipped to n
+    # "right" at the largest query), and the count is clipped to n, which also covers a query past
+    # every block (its clamped row adds to a count already at least n)
     top = jnp.inf if jnp.issubdtype(values.dtype, jnp.floating) else jnp.iinfo(values.dtype).max
     rows = jnp.concatenate([values, jnp.full((blocks * width - n,), top, values.dtype)]).reshape(blocks, width)
     below = (lambda v, q: v <= q) if side == "right" else (lambda v, q: v < q)
     q = queries[..., None]
     full = jnp.sum(below(rows[:, -1], q), axis=-1, dtype=jnp.int32)          # whole blocks counted
     inside = jnp.sum(below(rows[jnp.minimum(full, blocks - 1)], q), axis=-1, dtype=jnp.int32)
-    return jnp.minimum(full * width + jnp.where(full < blocks, inside, 0), n)
+    return jnp.minimum(full * width + inside, n)
