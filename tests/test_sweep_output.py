@@ -1,6 +1,8 @@
 """Sweep output: paths checked before any work, Parquet beside CSV, atomic part files (a killed run resumes
 to a byte-identical file) and the multi-host path (two local processes give the one-process CSV)."""
 
+import csv
+import io
 import json
 import os
 import signal
@@ -232,3 +234,33 @@ def test_csv_cells_are_numpys_shortest_text_of_each_value():
         assert list(_csv_cells(a, len(a))) == [str(x) for x in a.astype(str)]
     assert list(_csv_cells(np.array([True, False]), 2)) == ["true", "false"]
     assert list(_csv_cells(np.array([None, 2.0, "x"], dtype=object), 3)) == ["", "2", "x"]
+
+
+def test_csv_lines_equal_the_csv_modules_rows():
+    """A column whose cells are all the same is one text, written into the line pattern once; the lines
+    equal the csv module's rows of the full columns, whichever columns vary and in any order."""
+    from mocap_jax.sweep.output import _csv_cells, _lines, fmt
+
+    def cells_of(v):                    # each value's own text, formatted alone
+        if v is None:
+            return [""] * P
+        if v.dtype == bool:
+            return ["true" if x else "false" for x in v]
+        return list(v.astype(str)) if v.dtype.kind in "iuf" else [fmt(x) for x in v]
+
+    rng = np.random.default_rng(1)
+    P = 40
+    values = [rng.lognormal(0, 5, P).astype(np.float32), np.full(P, 2.5), rng.integers(0, 3, P), np.full(P, 7),
+              np.full(P, True), rng.random(P) < 0.5, np.array(["", "memory"] * (P // 2), dtype=object),
+              np.full(P, "", dtype=object), None, np.array([None] * P, dtype=object), np.full(P, -0.0)]
+    ids = _csv_cells(np.arange(P), P)
+    for _ in range(30):
+        picked = rng.permutation(len(values))[: rng.integers(1, len(values) + 1)]
+        cols = [ids] + [_csv_cells(values[i], P) for i in picked]
+        buf = io.StringIO()
+        expected = [cells_of(np.arange(P))] + [cells_of(values[i]) for i in picked]
+        csv.writer(buf, lineterminator="\n").writerows(zip(*expected))
+        assert _lines(cols, P) == buf.getvalue()
+    shared = [_csv_cells(v, P) for v in (np.full(P, 0.1, np.float32), np.full(P, True), np.full(P, -0.0), None)]
+    assert shared == ["0.1", "true", "-0.0", ""]
+

@@ -105,12 +105,12 @@ class PartWriter:
         cols = {}
         for k in INPUT_COLUMNS:
             if k == "stages":
-                cols[k] = r.stages.astype(str).astype(object)
+                cols[k] = _csv_cells(r.stages, len(r.ids))
             elif k in self._text:
-                cols[k] = self._text[k][r.codes[k]]
+                cols[k] = _pick(self._text[k], r.codes[k])
             else:
                 values, index = _resolved_values(k, r)
-                cols[k] = np.array([fmt(v) for v in values], dtype=object)[index]
+                cols[k] = _pick(np.array([fmt(v) for v in values], dtype=object), index)
         return cols
 
     def _arrow_inputs(self, r) -> dict:
@@ -142,14 +142,16 @@ class PartWriter:
         for k in OUTPUT_COLUMNS:
             cols[k] = _csv_cells(outputs.get(k), P)
         for k in PROVENANCE_COLUMNS:
-            cols[k] = np.full(P, str(bucket if k == "bucket" else self.provenance[k]), dtype=object)
+            cols[k] = str(bucket if k == "bucket" else self.provenance[k])
         ordered = [cols[k] for k in COLUMNS]
-        if any(("," in v) or ('"' in v) or ("\n" in v) for k in ("model", "hardware", "reason") for v in set(cols[k])):
+        texts = lambda c: {c} if isinstance(c, str) else set(c)      # a column's distinct texts
+        if any(("," in v) or ('"' in v) or ("\n" in v) for k in ("model", "hardware", "reason")
+               for v in texts(cols[k])):
             buf = io.StringIO()
-            csv.writer(buf, lineterminator="\n").writerows(zip(*ordered))
+            full = [np.full(P, c, dtype=object) if isinstance(c, str) else c for c in ordered]
+            csv.writer(buf, lineterminator="\n").writerows(zip(*full))
             return buf.getvalue()
-        # nothing to quote: plain joins are several times faster than the csv module
-        return "\n".join([",".join(row) for row in zip(*ordered)]) + "\n"
+        return _lines(ordered, P)
 
     def arrow_type(self, k: str):
         pa = self.pa
@@ -199,17 +201,61 @@ def _resolved_values(k: str, r) -> tuple[list, np.ndarray]:
     return [h.name if k == "hardware" else getattr(h, k) for h in r.hw_specs], r.hw_inv
 
 
-def _csv_cells(v, P: int) -> np.ndarray:
+# A block's CSV cells, column by column: one text per row, or a single text when every row has the
+# same (a block of a sweep repeats most inputs and the provenance in every row); :func:`_lines` then
+# writes a shared text once into the line pattern instead of joining it into each row.
+
+def _csv_cells(v, P: int):
+    """The CSV texts of one column of ``P`` values (``None``: empty cells)."""
     if v is None:
-        return np.full(P, "", dtype=object)
-    if v.dtype == bool:
-        return np.where(v, "true", "false").astype(object)
-    if v.dtype == object:
-        return np.array([fmt(x) for x in v], dtype=object)
-    if v.dtype.kind == "f":   # format each distinct value once (by bit pattern, so -0.0 stays itself)
-        bits, inv = np.unique(v.view(f"u{v.dtype.itemsize}"), return_inverse=True)
-        return bits.view(v.dtype).astype(str).astype(object)[inv.reshape(-1)]
-    return v.astype(str).astype(object)
+        return ""
+    if v.dtype.kind not in "biuf":      # texts (or None), each distinct one formatted once
+        texts = _Texts()
+        cells = np.array(list(map(texts.__getitem__, v.tolist())), dtype=object)
+        return cells[0] if len(texts) == 1 else cells
+    # each distinct number formatted once (by bit pattern, so -0.0 stays itself)
+    bits, inv = np.unique(v.view(f"u{v.dtype.itemsize}"), return_inverse=True)
+    distinct = bits.view(v.dtype)
+    texts = np.where(distinct, "true", "false") if v.dtype == bool else distinct.astype(str)
+    return _pick(texts.astype(object), inv.reshape(-1))
+
+
+class _Texts(dict):
+    """:func:`fmt` of each distinct text column value (strings or None), formatted once."""
+
+    def __missing__(self, v):
+        text = self[v] = fmt(v)
+        return text
+
+
+def _pick(texts: np.ndarray, index: np.ndarray):
+    """``texts[index]``, or the one text when every row has the same index."""
+    index = np.asarray(index)
+    if len(index) and (index == index[0]).all():
+        return texts[index[0]]
+    return texts[index]
+
+
+def _lines(columns: list, P: int) -> str:
+    """CSV lines of ``P`` rows from columns of texts (nothing to quote).  The texts shared by every row
+    and the commas between them become one separator each, so each row joins only its own cells:
+    one ``str.join`` of the rows' cells and separators interleaved (the csv module, or a join per
+    row, costs several times more)."""
+    pieces, own, sep = [], [], []
+    for i, c in enumerate(columns):
+        sep.append("," if i else "")
+        if isinstance(c, str):
+            sep.append(c)
+        else:
+            pieces.append("".join(sep))
+            own.append(c)
+            sep = []
+    pieces.append("".join(sep) + "\n")
+    cells = np.empty((P, 2 * len(own) + 1), dtype=object)
+    cells[:, 0::2] = pieces
+    for j, c in enumerate(own):
+        cells[:, 2 * j + 1] = c
+    return "".join(cells.ravel().tolist())
 
 
 def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None = None) -> int:
