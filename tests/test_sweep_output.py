@@ -264,3 +264,25 @@ def test_csv_lines_equal_the_csv_modules_rows():
     shared = [_csv_cells(v, P) for v in (np.full(P, 0.1, np.float32), np.full(P, True), np.full(P, -0.0), None)]
     assert shared == ["0.1", "true", "-0.0", ""]
 
+
+
+def test_feasible_rows_are_counted_from_the_text_with_or_without_quotes():
+    """The merged results count their feasible rows from the text: by comma positions when no cell is
+    quoted, by the csv module when one is (a comma inside a quoted cell shifts the positions)."""
+    from mocap_jax.sweep.output import COLUMNS, _count_feasible
+
+    rng = np.random.default_rng(2)
+    fi = COLUMNS.index("feasible")
+    for quoted in (False, True):
+        rows = []
+        for j in range(200):
+            row = [str(x) for x in rng.integers(0, 10 ** rng.integers(1, 6, len(COLUMNS)))]
+            row[fi] = "true" if rng.random() < 0.6 else "false"
+            if quoted and j % 7 == 0:
+                row[fi - 2] = "a, b"                        # written as "a, b": one more comma before the cell
+            rows.append(row)
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        lines = buf.getvalue().splitlines(keepends=True)
+        assert ('"' in buf.getvalue()) == quoted
+        assert _count_feasible(buf.getvalue().encode(), lines) == sum(r[fi] == "true" for r in rows)

@@ -18,7 +18,6 @@ Two formats, chosen by the results file's extension:
 from __future__ import annotations
 
 import csv
-import heapq
 import io
 import math
 import os
@@ -263,35 +262,61 @@ def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None =
     results file in point order; return the number of feasible points."""
     if results.suffix == ".parquet":
         return _assemble_parquet(results, parts, writer)
-    fi = COLUMNS.index("feasible")
-
-    def stream(files):
-        for p in files:
-            with open(p, newline="") as fh:
-                for line in fh:
-                    yield int(line[: line.index(",")]), line
-
-    def feasible_of(line: str) -> bool:
-        if '"' in line:
-            return next(csv.reader([line]))[fi] == "true"
-        return line.split(",", fi + 1)[fi] == "true"
-
-    streams = [stream(files) for files in parts]
-    merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda x: x[0])
     tmp = results.with_name(f"{results.name}.tmp{os.getpid()}")
     feasible = 0
-    with open(tmp, "w", newline="") as fh:
-        fh.write(",".join(COLUMNS) + "\n")
-        buf = []
-        for _, line in merged:
-            feasible += feasible_of(line)
-            buf.append(line)
-            if len(buf) >= 8192:
-                fh.writelines(buf)
-                buf.clear()
-        fh.writelines(buf)
+    with open(tmp, "wb") as fh:
+        fh.write((",".join(COLUMNS) + "\n").encode())
+        for lines in _merged(parts):
+            text = "".join(lines).encode()
+            feasible += _count_feasible(text, lines)
+            fh.write(text)
     os.replace(tmp, results)
     return feasible
+
+
+def _count_feasible(text: bytes, lines: list[str]) -> int:
+    """Rows of ``lines`` (``text``: the same, UTF-8) whose ``feasible`` cell is true.  A line without
+    quotes has one comma fewer than the columns, so the cell follows a known comma of the text."""
+    fi = COLUMNS.index("feasible")
+    buf = np.frombuffer(text, np.uint8)
+    commas = np.flatnonzero(buf == ord(","))
+    per = len(COLUMNS) - 1
+    if b'"' in text or len(commas) != per * len(lines):
+        return sum(next(csv.reader([x]))[fi] == "true" for x in lines)
+    at = commas.reshape(len(lines), per)[:, fi - 1] + 1
+    cell = np.stack([buf[np.minimum(at + k, len(buf) - 1)] for k in range(5)], axis=1)
+    return int(np.sum(np.all(cell == np.frombuffer(b"true,", np.uint8), axis=1)))
+
+
+def _merged(parts: list[list[Path]]):
+    """The lines of the CSV part files in point order, a run of lines at a time.
+
+    Each bucket's parts hold increasing point ids, so every line up to the smallest last id of the
+    buckets' current parts can be written: those lines of every current part are put in order
+    together (one sort of their ids), and a part is replaced by the bucket's next once it is used up.
+    Memory stays bounded by one part per bucket.
+    """
+    def read(files):
+        for p in files:
+            with open(p, newline="") as fh:
+                lines = fh.readlines()
+            if lines:
+                yield np.fromiter((int(x[: x.index(",")]) for x in lines), np.int64, len(lines)), lines
+
+    streams = [read(files) for files in parts]
+    current = [next(s, None) for s in streams]
+    while any(c is not None for c in current):
+        bound = min(c[0][-1] for c in current if c is not None)
+        ids, lines = [], []
+        for b, c in enumerate(current):
+            if c is None:
+                continue
+            n = int(np.searchsorted(c[0], bound, side="right"))
+            ids.append(c[0][:n])
+            lines += c[1][:n]
+            current[b] = (c[0][n:], c[1][n:]) if n < len(c[1]) else next(streams[b], None)
+        order = np.argsort(np.concatenate(ids), kind="stable")
+        yield [lines[i] for i in order.tolist()]
 
 
 #: rows per row group of the assembled Parquet file
