@@ -107,9 +107,10 @@ class PartWriter:
                 cols[k] = _csv_cells(r.stages, len(r.ids))
             elif k in self._text:
                 cols[k] = _pick(self._text[k], r.codes[k])
-            else:
+            else:   # one text per resolved model or hardware, often the same for all (a die field not swept)
                 values, index = _resolved_values(k, r)
-                cols[k] = _pick(np.array([fmt(v) for v in values], dtype=object), index)
+                texts = [fmt(v) for v in values]
+                cols[k] = texts[0] if len(set(texts)) == 1 else _pick(np.array(texts, dtype=object), index)
         return cols
 
     def _arrow_inputs(self, r) -> dict:
