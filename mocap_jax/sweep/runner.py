@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jax
@@ -251,28 +252,31 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
     counts = {"evaluated": 0, "skipped": 0, "blocks": 0}
 
     def evaluate_blocks() -> None:
-        """This process's blocks, the next one started before the last one is written."""
-        submitted, pending = 0, None
-        for g, (b, k, ids) in enumerate(plan.blocks()):
-            if g % nproc != pid:
-                continue
-            name = names.name(b, k)
-            if name in done:
-                counts["skipped"] += len(ids)
-                continue
-            if limit is not None and submitted >= limit:
-                break
-            submitted += len(ids)
-            r = plan.resolver.resolve(ids)
-            micro = names.micro(b)
-            unit = max(micro, 1) * nd
-            size = -(-min(bs, b.points) // unit) * unit
-            job = evaluator.start(b.key, r, micro=micro, size=size, label=b.label())
-            if pending is not None:
-                write(*pending)
-            pending = (b, name, r, job)
-        if pending is not None:
-            write(*pending)
+        """This process's blocks: each written by a writer thread while the next ones evaluate (at most
+        two blocks' results wait to be written, so memory stays bounded by the block size).  Formatting
+        a part file is Python work that would otherwise hold up the next block's start."""
+        submitted, writing = 0, []
+        with ThreadPoolExecutor(1, thread_name_prefix="sweep-writer") as pool:
+            for g, (b, k, ids) in enumerate(plan.blocks()):
+                if g % nproc != pid:
+                    continue
+                name = names.name(b, k)
+                if name in done:
+                    counts["skipped"] += len(ids)
+                    continue
+                if limit is not None and submitted >= limit:
+                    break
+                submitted += len(ids)
+                r = plan.resolver.resolve(ids)
+                micro = names.micro(b)
+                unit = max(micro, 1) * nd
+                size = -(-min(bs, b.points) // unit) * unit
+                job = evaluator.start(b.key, r, micro=micro, size=size, label=b.label())
+                while len(writing) >= 2:
+                    writing.pop(0).result()
+                writing.append(pool.submit(write, b, name, r, job))
+            for w in writing:
+                w.result()
 
     def write(b: Bucket, name: str, r, job) -> None:
         writer.write(lay.parts / name, r, job.result(), b.index)
