@@ -265,7 +265,6 @@ def test_csv_lines_equal_the_csv_modules_rows():
     assert shared == ["0.1", "true", "-0.0", ""]
 
 
-
 def test_feasible_rows_are_counted_from_the_text_with_or_without_quotes():
     """The merged results count their feasible rows from the text: by comma positions when no cell is
     quoted, by the csv module when one is (a comma inside a quoted cell shifts the positions)."""
