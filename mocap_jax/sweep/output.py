@@ -45,6 +45,7 @@ RESOLVED_INPUTS = ("model", "hardware", "rows", "cols", "wafers", "stages") + DI
 PROVENANCE_COLUMNS = ("mocap_jax_version", "config_hash", "device_kind", "devices", "bucket")
 COLUMNS = ("point_id",) + INPUT_COLUMNS + OUTPUT_COLUMNS + PROVENANCE_COLUMNS
 assert len(set(COLUMNS)) == len(COLUMNS)
+_FEASIBLE = COLUMNS.index("feasible")
 
 # Parquet column types ("sim": the run's float dtype)
 _STRINGS = {"scheme", "model", "hardware", "placement", "release", "admission", "pairing", "arrivals", "objective",
@@ -107,10 +108,10 @@ class PartWriter:
                 cols[k] = _csv_cells(r.stages, len(r.ids))
             elif k in self._text:
                 cols[k] = _pick(self._text[k], r.codes[k])
-            else:   # one text per resolved model or hardware, often the same for all (a die field not swept)
+            else:   # resolved models or hardware: distinct texts (a die field not swept has one for all)
                 values, index = _resolved_values(k, r)
-                texts = [fmt(v) for v in values]
-                cols[k] = texts[0] if len(set(texts)) == 1 else _pick(np.array(texts, dtype=object), index)
+                texts, which = np.unique(np.array([fmt(v) for v in values], dtype=object), return_inverse=True)
+                cols[k] = _pick(texts, which.reshape(-1)[index])
         return cols
 
     def _arrow_inputs(self, r) -> dict:
@@ -216,8 +217,8 @@ def _csv_cells(v, P: int):
     # each distinct number formatted once (by bit pattern, so -0.0 stays itself)
     bits, inv = np.unique(v.view(f"u{v.dtype.itemsize}"), return_inverse=True)
     distinct = bits.view(v.dtype)
-    texts = np.where(distinct, "true", "false") if v.dtype == bool else distinct.astype(str)
-    return _pick(texts.astype(object), inv.reshape(-1))
+    texts = (np.where(distinct, "true", "false") if v.dtype == bool else distinct.astype(str)).astype(object)
+    return texts[0] if len(texts) == 1 else texts[inv.reshape(-1)]
 
 
 class _Texts(dict):
@@ -278,14 +279,14 @@ def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None =
 def _count_feasible(text: bytes, lines: list[str]) -> int:
     """Rows of ``lines`` (``text``: the same, UTF-8) whose ``feasible`` cell is true.  A line without
     quotes has one comma fewer than the columns, so the cell follows a known comma of the text."""
-    fi = COLUMNS.index("feasible")
     buf = np.frombuffer(text, np.uint8)
     commas = np.flatnonzero(buf == ord(","))
     per = len(COLUMNS) - 1
     if b'"' in text or len(commas) != per * len(lines):
-        return sum(next(csv.reader([x]))[fi] == "true" for x in lines)
-    at = commas.reshape(len(lines), per)[:, fi - 1] + 1
-    cell = np.stack([buf[np.minimum(at + k, len(buf) - 1)] for k in range(5)], axis=1)
+        return sum(next(csv.reader([x]))[_FEASIBLE] == "true" for x in lines)
+    # the cell is followed by more columns, so its five bytes lie inside the text
+    at = commas.reshape(len(lines), per)[:, _FEASIBLE - 1] + 1
+    cell = buf[at[:, None] + np.arange(5)]
     return int(np.sum(np.all(cell == np.frombuffer(b"true,", np.uint8), axis=1)))
 
 
