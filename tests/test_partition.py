@@ -1,6 +1,7 @@
 """LBCP: the proxy DP against brute force, DP + annealing (each candidate at its own B') against brute
 force of the full objective, the annealer's determinism and device-split invariance, and bad input."""
 
+import dataclasses
 import itertools
 import math
 
@@ -126,10 +127,14 @@ def test_own_batch_search_is_exact():
         ok = feasible_batches(one, np.arange(1, 17), 4)
         expect.append(int(np.max(np.nonzero(ok)[0])) + 1 if ok.any() else 0)
     np.testing.assert_array_equal(batches, expect)
-    # the search is exact from any starting hint: far below, far above, and scattered around B'
-    search = jax.jit(lambda xs, hint: problem.batches(xs, ctx, hint)[0])
-    for hint in (np.ones(16), np.full(16, 16), rng.integers(0, 20, 16), np.asarray(expect) + rng.integers(-2, 3, 16)):
-        np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect)
+    # the search is exact from any starting hint (far below, far above, and scattered around B') with
+    # any number of batches per open partition after the first pass
+    hints = (np.ones(16), np.full(16, 16), rng.integers(0, 20, 16), np.asarray(expect) + rng.integers(-2, 3, 16))
+    for window in (problem.window, 2):
+        wide = dataclasses.replace(problem, window=window)
+        search = jax.jit(lambda xs, hint: wide.batches(xs, ctx, hint)[0])
+        for hint in hints:
+            np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect, err_msg=f"window {window}")
 
 
 def test_annealing_is_deterministic_and_independent_of_the_device_split(monkeypatch):

@@ -73,13 +73,14 @@ def largest_batch(partitions, point: Point, shape: SimShape, hint, max_batch: in
     each with ``w = 2 C / open`` batches (at most ``window``): while one end is unknown, the next
     ``w - 2`` out from the known end, then two doubling distances beyond them (``+1, ..., +(w - 2),
     +2(w - 2), +4(w - 2)``), else spread evenly over the bracket.  The slots are handed out by rank
-    among the open partitions, so a pass costs the same however few remain, and those few get more
-    batches each.
-    On the annealing benchmark (1,024 chains) a step takes two or three passes (2.35 on average
-    over its first 40 steps; 2.8 with half the batches near and doubling beyond), where four
-    batches for every partition per round took five rounds of twice the size.  Exact when feasibility
-    is monotone in the batch.  The evaluator appears once in the traced program (inside the loop),
-    and the fields at B' are kept from the pass that found it, so no final evaluation is needed.
+    among the open partitions, so every pass is one call of the same shape, and the fewer remain
+    the more batches each gets.  A pass costs a plain evaluation of every slot plus the spill
+    passes of the batches that do not fit without MBKR, run in compaction steps
+    (:func:`~mocap_jax.prefill.batch.evaluate_many`), so a few batches per open partition over more
+    passes cost less than a full pass of spilling batches (:attr:`PartitionProblem.window`).
+    Exact when feasibility is monotone in the batch, whatever the window.  The evaluator appears
+    once in the traced program (inside the loop), and the fields at B' are kept from the pass that
+    found it, so no final evaluation is needed.
     """
     C, M = partitions.shape
     names = ("feasible",) + tuple(f for f in fields if f != "feasible")
@@ -160,9 +161,11 @@ class PartitionProblem:
       batch_search: score each candidate at its own B' (else at the context's batch).
       max_batch: upper end of the B' search.
       max_shift: largest boundary shift of a move, in units.
-      window: most batches evaluated per partition per pass of the B' search (a pass with few
-        partitions left gives each more; 32 took the annealing benchmark's steps from up to five
-        passes to two or three).
+      window: most batches evaluated per open partition in a pass of the B' search after the first.
+        On the annealing benchmark (1,024 chains of 16 chunks, 200 steps) about 140 chains are still
+        open after a step's first pass; a window of 32 gave them about 2,600 batches in 2.9 passes
+        per step, 5 about 1,200 in 4.1 passes: 4,740-4,990 against 6,180-6,360 chain-steps/s
+        (alternated runs on a 2-core CPU; 4 and 6 gave 5,270-5,980, 2 gave 3,500).
       requests: arrivals of the ``e2e`` objective.
     """
 
@@ -171,7 +174,7 @@ class PartitionProblem:
     batch_search: bool = True
     max_batch: int = 256
     max_shift: int = 4
-    window: int = 32
+    window: int = 5
     requests: int = 0
 
     def propose(self, words, x, ctx: PartitionContext):
