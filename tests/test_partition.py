@@ -131,8 +131,8 @@ def test_own_batch_search_is_exact():
     # any number of batches per open partition after the first pass
     hints = (np.ones(16), np.full(16, 16), rng.integers(0, 20, 16), np.asarray(expect) + rng.integers(-2, 3, 16))
     for window in (problem.window, 2):
-        wide = dataclasses.replace(problem, window=window)
-        search = jax.jit(lambda xs, hint: wide.batches(xs, ctx, hint)[0])
+        windowed = dataclasses.replace(problem, window=window)
+        search = jax.jit(lambda xs, hint: windowed.batches(xs, ctx, hint)[0])
         for hint in hints:
             np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect, err_msg=f"window {window}")
 
