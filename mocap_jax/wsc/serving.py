@@ -12,7 +12,8 @@ collectives share the links and DRAM they use (:mod:`mocap_jax.wsc.traffic`).
 
 Layers: set-up (:mod:`~mocap_jax.wsc.setup`), inputs (:mod:`~mocap_jax.wsc.serving_inputs`),
 the array program (:mod:`~mocap_jax.wsc.serving_step`: ``jit(vmap(lax.scan(step)))`` over
-design points that share a static shape), metrics (:mod:`~mocap_jax.wsc.metrics`).
+design points that share a static shape, each device running its share of them), metrics
+(:mod:`~mocap_jax.wsc.metrics`).
 :func:`simulate` ties them together: every feasible point of a call shares one static shape
 (one compiled program), in a batch of lanes that finished points leave to waiting ones.  Units: seconds, bytes, tokens.
 """
@@ -89,13 +90,15 @@ def _sharding(g: int, shard: bool):
     return NamedSharding(mesh, PartitionSpec("points"))
 
 
-def _compiled(inputs, state, shape: ServingShape, chunk_steps: int, requests: int):
-    """The compiled scan for a run of ``requests`` simulated requests in all (they pick the optimisation level)."""
+def _compiled(inputs, state, shape: ServingShape, chunk_steps: int, requests: int, sharding=None):
+    """The compiled scan for a run of ``requests`` simulated requests in all (they pick the optimisation
+    level), its lanes split over ``sharding``'s devices (:func:`_sharding`) or on one device."""
     level = 1 if requests >= OPTIMISE_FROM_REQUESTS else 0
-    key = (shape, chunk_steps, level, jax.tree_util.tree_structure(inputs),
+    mesh = None if sharding is None else sharding.mesh
+    key = (shape, chunk_steps, level, mesh, jax.tree_util.tree_structure(inputs),
            tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs)))
     if key not in _COMPILED:
-        _COMPILED[key] = run_batch.lower(inputs, state, shape, chunk_steps).compile(
+        _COMPILED[key] = run_batch(shape, chunk_steps, mesh).lower(inputs, state).compile(
             compiler_options={"xla_backend_optimization_level": level})
     return _COMPILED[key]
 
@@ -126,7 +129,7 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
         st = jax.device_put(init_batch(inputs, shape), sharding)
     else:
         st = init_batch(inputs, shape)
-    compiled = _compiled(inputs, st, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))))
+    compiled = _compiled(inputs, st, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))), sharding)
     compile_s = time.perf_counter() - t0
     steps = 0
     while True:
@@ -182,7 +185,7 @@ class _LanePool:
             self.state = init_batch(self.inputs, shape)
         t0 = time.perf_counter()
         requests = sum(int(np.asarray(x.requests.count)) for x in packed)
-        self.compiled = _compiled(self.inputs, self.state, shape, chunk_steps, requests)
+        self.compiled = _compiled(self.inputs, self.state, shape, chunk_steps, requests, self.sharding)
         self.compile_s = time.perf_counter() - t0
         self.total_steps = 0
 

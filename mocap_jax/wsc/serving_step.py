@@ -102,8 +102,7 @@ def init_batch(inp: ServingInputs, sh: ServingShape) -> ServingState:
     return jax.vmap(lambda x: initial_state(x, sh))(inp)
 
 
-@partial(jax.jit, static_argnames=("sh", "steps"), donate_argnums=(1,))
-def run_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int):
+def scan_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int):
     """``steps`` scan steps of every design point of a batch; returns the states and which are finished."""
     def one(x, s):
         s, _ = jax.lax.scan(lambda c, _: (step(x, c, sh), None), s, None, length=steps)
@@ -111,4 +110,22 @@ def run_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int
     return jax.vmap(one)(inp, st)
 
 
-__all__ = ["step", "finished", "init_batch", "run_batch"]
+def run_batch(sh: ServingShape, steps: int, mesh=None):
+    """:func:`scan_batch` as one jitted program (the state donated); with ``mesh`` (1-D, axis ``points``),
+    each device runs its share of the lanes on its own (``shard_map``).
+
+    The lanes never exchange anything, and under ``vmap`` the loops inside a step (the placement
+    ``while_loop``) run until every lane's condition ends.  Partitioned automatically over the
+    devices instead, every iteration of such a loop agrees on that condition across the devices (an
+    all-reduce and a rendezvous per iteration), so each device would wait for the other's lanes.
+    """
+    fn = partial(scan_batch, sh=sh, steps=steps)
+    if mesh is not None:
+        from jax.sharding import PartitionSpec
+
+        lanes = PartitionSpec("points")
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=(lanes, lanes), out_specs=(lanes, lanes), check_vma=False)
+    return jax.jit(fn, donate_argnums=(1,))
+
+
+__all__ = ["step", "finished", "init_batch", "scan_batch", "run_batch"]
