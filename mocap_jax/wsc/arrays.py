@@ -1,15 +1,34 @@
 """Array primitives of the serving program that stay cheap on CPU over a decode batch's slots.
 
-Prefix sums come from :mod:`mocap_jax.schedule.prefix` (an associative scan: ``jnp.cumsum``
-lowers to a reduce-window whose cost grows with the square of the length, which over hundreds of
-slots dominates a scan step); the helpers here count or select instead of scattering or gathering.
+The helpers here count or select instead of scattering or gathering; running counts over the
+slots go in blocks (:func:`running_count`).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..schedule.prefix import prefix_sum
+#: entries per block of :func:`running_count`.  Measured on the serving program's shape (16 lanes x 4
+#: decode boundaries x 256 slots, the two running counts of a boundary and its first 8 finishes, in a
+#: compiled loop of 1,000 iterations on one CPU device): blocks of 16 took 105-111 us an iteration, of
+#: 8 159 us, of 32 168-187 us; a log-depth associative scan over the 256 slots 161-164 us, and
+#: ``jnp.cumsum`` (a reduce-window as long as the slots) 111-116 us
+COUNT_BLOCK = 16
+
+
+def running_count(mask):
+    """Inclusive running count of the True entries of a 1-D ``mask`` (``int32``; what ``jnp.cumsum``
+    gives, exactly).
+
+    Counted in blocks of :data:`COUNT_BLOCK`: a running sum inside every block (a reduce-window as
+    long as the block, which XLA:CPU runs in one pass) plus the running sum of the blocks' totals.
+    """
+    n = mask.shape[0]
+    pad = -n % COUNT_BLOCK
+    x = jnp.concatenate([mask.astype(jnp.int32), jnp.zeros(pad, jnp.int32)]).reshape(-1, COUNT_BLOCK)
+    inner = jnp.cumsum(x, axis=1)
+    totals = inner[:, -1]
+    return (inner + (jnp.cumsum(totals) - totals)[:, None]).reshape(-1)[:n]
 
 
 def first_true(mask, k: int, fill: int):
@@ -19,7 +38,7 @@ def first_true(mask, k: int, fill: int):
     counting them (a ``[k, n]`` comparison) avoids a scatter of ``n`` indices.
     """
     n = mask.shape[0]
-    count = prefix_sum(mask.astype(jnp.int32))
+    count = running_count(mask)
     before = jnp.sum(count[None, :] <= jnp.arange(k, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
     return jnp.where(before < n, before, fill).astype(jnp.int32)
 
@@ -43,4 +62,4 @@ def leading_true(mask):
     return jnp.where(jnp.all(mask), mask.shape[0], jnp.argmin(mask)).astype(jnp.int32)
 
 
-__all__ = ["first_true", "select_from", "leading_true"]
+__all__ = ["COUNT_BLOCK", "running_count", "first_true", "select_from", "leading_true"]

@@ -20,10 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from ..costs import pytree
-from ..schedule.prefix import prefix_sum
 from . import perf
 from . import traffic as tf
-from .arrays import first_true, leading_true, select_from
+from .arrays import first_true, leading_true, running_count, select_from
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_state import ServingState
 
@@ -182,7 +181,7 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
     n_adm = jnp.where(admit_now, jnp.minimum(jnp.minimum(n_ready, room), A), 0)
     more_adm = admit_now & (n_ready > A) & (room > A)
     empty = ~act2
-    rank = prefix_sum(empty.astype(i32)) - 1
+    rank = running_count(empty) - 1
     take = empty & (rank < n_adm)
     jn = jnp.arange(A + 1) < n_adm
     jreq = jnp.where(jn, cand, 0)
