@@ -195,17 +195,19 @@ def test_serve_cli_bad_input_exit_2(args, fragment, capsys):
 def test_sort_free_greedy_rule_equals_the_memory_scheduler():
     """The array program's placement rule is the memory scheduler's greedy_allocate (priority, most free, index).
 
-    Dies beyond ``d`` are padding the rule must leave alone (not allowed), as in the program.
+    Dies beyond ``d`` are padding the rule must leave alone (not allowed), as in the program, whose
+    wafers have up to 54 dies.
     """
     rule = jax.jit(mem.greedy_allocate_pairwise)
     rng = np.random.default_rng(0)
+    D = 54
     for _ in range(200):
-        d = int(rng.integers(1, 20))
+        d = int(rng.integers(1, D + 1))
         free = rng.choice([0.0, 1e9, 2e9, 3.5e9], size=d) + rng.integers(0, 2, d) * rng.random(d) * 1e9
         prio = rng.integers(0, 4, d).astype(np.int32)
         need = float(rng.random() * free.sum() * 1.2)
         want, ok = mem.greedy_allocate(free, need, prio, np)
-        got, ok2 = rule(jnp.asarray(np.pad(free, (0, 20 - d))), need,
-                        jnp.asarray(np.pad(prio, (0, 20 - d), constant_values=mem.NOT_ALLOWED)))
+        got, ok2 = rule(jnp.asarray(np.pad(free, (0, D - d))), need,
+                        jnp.asarray(np.pad(prio, (0, D - d), constant_values=mem.NOT_ALLOWED)))
         assert bool(ok2) == bool(ok)
         assert np.allclose(np.asarray(got)[:d], want, rtol=1e-12, atol=1e-3) and not np.any(np.asarray(got)[d:])
