@@ -122,12 +122,12 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     chunk_steps = checks.integer("chunk_steps", chunk_steps, 1)
     max_steps = int(np.max(_step_budget(inputs, shape))) if max_steps is None else int(max_steps)
     t0 = time.perf_counter()
-    inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
     sharding = _sharding(int(np.shape(inputs.requests.count)[0]), shard)
     if sharding is not None:
-        inputs = jax.device_put(inputs, sharding)
+        inputs = jax.device_put(jax.tree_util.tree_map(np.asarray, inputs), sharding)
         st = jax.device_put(init_batch(inputs, shape), sharding)
     else:
+        inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
         st = init_batch(inputs, shape)
     compiled = _compiled(inputs, st, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))), sharding)
     compile_s = time.perf_counter() - t0
@@ -176,12 +176,15 @@ class _LanePool:
         self.point = first + [None] * (width - len(first))
         self.budget = np.asarray([int(_step_budget(stack_inputs([packed[k]]), shape)[0]) for k in lanes])
         self.steps = np.zeros(width, np.int64)
-        self.inputs = jax.tree_util.tree_map(jnp.asarray, stack_inputs([packed[k] for k in lanes]))
+        stacked = stack_inputs([packed[k] for k in lanes])
         self.sharding = _sharding(width, shard)
         if self.sharding is not None:
-            self.inputs = jax.device_put(self.inputs, self.sharding)
+            # host arrays go to their devices directly: an array already on one device would be cut
+            # into the devices' shares by a program compiled for each leaf's shape
+            self.inputs = jax.device_put(stacked, self.sharding)
             self.state = jax.device_put(init_batch(self.inputs, shape), self.sharding)
         else:
+            self.inputs = jax.tree_util.tree_map(jnp.asarray, stacked)
             self.state = init_batch(self.inputs, shape)
         t0 = time.perf_counter()
         requests = sum(int(np.asarray(x.requests.count)) for x in packed)
