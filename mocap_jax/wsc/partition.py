@@ -177,8 +177,10 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
     """Candidates of several hardware points of one grid and topology: one ``jit(vmap(vmap))`` call.
 
     The instance plans depend only on the grid's topology, so they are shared; the hardware
-    numbers are a batch ``[H]``.  Both batches are padded (plans to a multiple of 64, hardware to
-    a multiple of 16) so that grids and sweeps of different sizes share one compiled program.
+    numbers are a batch ``[H]``.  Both batches are padded (plans to a multiple of 128, hardware to
+    a multiple of 16) so that grids and sweeps of different sizes share one compiled program: a
+    call takes a few milliseconds, a compile most of a second (the default exploration's two grids
+    have 64 and 128 plans once padded to 64).
     Returns one candidate list per wafer.
     """
     checks.integer("max_batch", max_batch, 1, MAX_DECODE_BATCH, above=" Decode batches are searched up to it; give a "
@@ -190,7 +192,7 @@ def evaluate_candidates_many(model: ModelSpec, wafers: Sequence[WaferSpec], work
     shapes = instance_shapes(first) if shapes is None else list(shapes)
     configs = [InstanceConfig(h, w, s) for (h, w) in shapes for s in strategies]
     plans = [tp_plan(model, first, c, dtype) for c in configs]
-    plans = stack_plans(plans + [plans[-1]] * (-len(plans) % 64))
+    plans = stack_plans(plans + [plans[-1]] * (-len(plans) % 128))
     hws = [WaferParams.from_spec(w, dtype) for w in wafers]
     hw = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *(hws + [hws[-1]] * (-len(hws) % 16)))
     out = goodput_batch(model_params(model, dtype), hw, plans, WorkloadParams.from_spec(workload, dtype), targets,
