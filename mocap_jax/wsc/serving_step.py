@@ -104,10 +104,9 @@ def init_batch(inp: ServingInputs, sh: ServingShape) -> ServingState:
 
 def scan_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int):
     """``steps`` scan steps of every design point of a batch; returns the states and which are finished."""
-    def one(x, s):
-        s, _ = jax.lax.scan(lambda c, _: (step(x, c, sh), None), s, None, length=steps)
-        return s, finished(x, s)
-    return jax.vmap(one)(inp, st)
+    stepper = jax.vmap(lambda x, s: step(x, s, sh))
+    st, _ = jax.lax.scan(lambda c, _: (stepper(inp, c), None), st, None, length=steps)
+    return st, jax.vmap(finished)(inp, st)
 
 
 def run_batch(sh: ServingShape, steps: int, mesh=None):
