@@ -36,6 +36,27 @@ def test_link_resources_follow_xy_routes():
     assert geo.route_resources(c, 1, 6) == [2 * 8 + 1, 3 * 8 + 6]
 
 
+def test_read_routes_become_their_links_in_index_order():
+    """``[Q, D, L]`` 0/1 route rows -> each route's link indices, padded with L (no link), against a
+    loop over the routes; a route longer than the program holds is refused."""
+    from mocap_jax.wsc.serving_inputs import _route_links
+
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        q, d, L = (int(x) for x in rng.integers(1, [6, 7, 30]))
+        routes = (rng.random((q, d, L)) < rng.random()).astype(np.int64)
+        length = max(1, int(routes.sum(axis=-1).max()) + int(rng.integers(0, 3)))
+        Q, D = q + int(rng.integers(0, 3)), d + int(rng.integers(0, 3))
+        want = np.full((Q, D, length), L, np.int32)
+        for i in range(q):
+            for j in range(d):
+                links = np.flatnonzero(routes[i, j])
+                want[i, j, :links.size] = links
+        assert np.array_equal(_route_links(routes, (Q, D), length), want)
+    with pytest.raises(SpecError, match="crosses 3 links but the program holds 2"):
+        _route_links(np.ones((1, 1, 3), np.int64), (1, 1), 2)
+
+
 def test_ring_uses_match_the_plan_and_transfer_counts_sum_hops():
     w = wsc_wafer(4, 4)
     cfg = pl.InstanceConfig(2, 2)

@@ -72,7 +72,8 @@ class BatchOutput:
 
 
 def _step_budget(inputs: ServingInputs, shape: ServingShape) -> np.ndarray:
-    """A bound on the scan steps each point needs (every event of the contract): ``[G]``."""
+    """A bound on the scan steps each point needs (every event of the contract): ``[G]`` for stacked
+    inputs, a scalar for one point's."""
     req = inputs.requests
     out_tok = np.sum(np.asarray(req.output, np.float64), axis=-1)
     pre_it = np.sum(np.asarray(req.prompt, np.float64), axis=-1) / np.asarray(inputs.cost.chunk_tokens, np.float64)
@@ -174,7 +175,7 @@ class _LanePool:
         first = [self.waiting.pop(0) for _ in range(min(width, len(packed)))]
         lanes = first + [first[-1]] * (width - len(first))   # spare lanes repeat a point, results unused
         self.point = first + [None] * (width - len(first))
-        self.budget = np.asarray([int(_step_budget(stack_inputs([packed[k]]), shape)[0]) for k in lanes])
+        self.budget = np.asarray([int(_step_budget(packed[k], shape)) for k in lanes])
         self.steps = np.zeros(width, np.int64)
         stacked = stack_inputs([packed[k] for k in lanes])
         self.sharding = _sharding(width, shard)
@@ -227,7 +228,7 @@ class _LanePool:
             self.inputs, self.state = _refill(self.inputs, self.state, np.int32(g), self.packed[p], self.shape)
             self.point[g] = p
             self.steps[g] = 0
-            self.budget[g] = int(_step_budget(stack_inputs([self.packed[p]]), self.shape)[0])
+            self.budget[g] = int(_step_budget(self.packed[p], self.shape))
 
 
 @dataclass

@@ -212,11 +212,14 @@ def _route_links(routes: np.ndarray, shape, length: int) -> np.ndarray:
     """``[.., L]`` 0/1 route rows -> ``[*shape, length]`` link indices, padded with ``L`` (no link)."""
     L = routes.shape[-1]
     out = np.full(tuple(shape) + (length,), L, np.int32)
-    for idx in np.ndindex(routes.shape[:-1]):
-        links = np.flatnonzero(routes[idx])
-        if links.size > length:
-            raise SpecError(f"a route crosses {links.size} links but the program holds {length}")
-        out[idx][:links.size] = links
+    on = routes != 0
+    count = on.sum(axis=-1)
+    if count.size and count.max() > length:
+        raise SpecError(f"a route crosses {count.max()} links but the program holds {length}")
+    k = min(length, L)
+    # a stable sort of "not on the route" puts each route's links first, in index order
+    links = np.argsort(~on, axis=-1, kind="stable")[..., :k]
+    out[tuple(slice(0, n) for n in routes.shape[:-1])][..., :k] = np.where(np.arange(k) < count[..., None], links, L)
     return out
 
 
