@@ -264,16 +264,98 @@ def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None =
     results file in point order; return the number of feasible points."""
     if results.suffix == ".parquet":
         return _assemble_parquet(results, parts, writer)
-    tmp = results.with_name(f"{results.name}.tmp{os.getpid()}")
-    feasible = 0
-    with open(tmp, "wb") as fh:
-        fh.write((",".join(COLUMNS) + "\n").encode())
-        for lines in _merged(parts):
+    merge = CsvMerge(results, [len(files) for files in parts])
+    try:
+        for bucket, files in enumerate(parts):
+            for path in files:
+                merge.add(bucket, path, write=False)
+        return merge.finish()
+    except BaseException:
+        merge.discard()
+        raise
+
+
+class CsvMerge:
+    """The results CSV, merged from the part files in point order, as far as the parts at hand allow.
+
+    Each bucket's parts hold increasing point ids and arrive in block order (:meth:`add`), so every
+    line up to the smallest last id of the buckets' current parts can be written as soon as every
+    bucket with parts still to come has one at hand: those lines of every current part are put in
+    order together (one sort of their ids), and a bucket's next part is read once its current one is
+    used up.  Memory stays bounded by one part per bucket; a sweep adds each part as it is written,
+    so the results file is written while the sweep runs.  The file appears under its name only when
+    :meth:`finish` has merged every part (until then it is a temporary file beside it).
+
+    Args:
+      results: the results file.
+      blocks: ``[bucket]`` number of parts of each bucket.
+    """
+
+    def __init__(self, results: Path, blocks: list[int]):
+        self.results = results
+        self.tmp = results.with_name(f"{results.name}.tmp{os.getpid()}")
+        self.left = list(blocks)                         # parts of each bucket not yet used up
+        self.paths = [[] for _ in blocks]                # parts added, not yet read
+        self.current = [None] * len(blocks)              # (ids, lines) of each bucket's part in use
+        self.feasible = 0
+        self.fh = open(self.tmp, "wb")
+        self.fh.write((",".join(COLUMNS) + "\n").encode())
+
+    def add(self, bucket: int, path: Path, write: bool = True) -> None:
+        """The next part of ``bucket``; with ``write``, merge every line it makes writable."""
+        self.paths[bucket].append(path)
+        if write:
+            self._write()
+
+    def _head(self, b: int):
+        """Bucket ``b``'s part in use (read from disk when needed), or None if none is at hand."""
+        while self.current[b] is None and self.paths[b]:
+            with open(self.paths[b].pop(0), newline="") as fh:
+                lines = fh.readlines()
+            if lines:
+                self.current[b] = np.fromiter((int(x[: x.index(",")]) for x in lines), np.int64, len(lines)), lines
+            else:
+                self.left[b] -= 1
+        return self.current[b]
+
+    def _write(self) -> None:
+        while True:
+            live = [b for b, n in enumerate(self.left) if n > 0]
+            heads = [self._head(b) for b in live]
+            if not live or any(h is None for h in heads):
+                return
+            bound = min(h[0][-1] for h in heads)
+            ids, lines = [], []
+            for b, (hid, hlines) in zip(live, heads):
+                n = int(np.searchsorted(hid, bound, side="right"))
+                ids.append(hid[:n])
+                lines += hlines[:n]
+                if n < len(hlines):
+                    self.current[b] = hid[n:], hlines[n:]
+                else:
+                    self.current[b] = None
+                    self.left[b] -= 1
+            order = np.argsort(np.concatenate(ids), kind="stable")
+            lines = [lines[i] for i in order.tolist()]
             text = "".join(lines).encode()
-            feasible += _count_feasible(text, lines)
-            fh.write(text)
-    os.replace(tmp, results)
-    return feasible
+            self.feasible += _count_feasible(text, lines)
+            self.fh.write(text)
+
+    def finish(self) -> int:
+        """Merge what is left, put the file under its name; the number of feasible points."""
+        self._write()
+        missing = [b for b, n in enumerate(self.left) if n > 0]
+        if missing:
+            raise RuntimeError(f"results of buckets {missing} are incomplete: parts missing")
+        self.fh.close()
+        os.replace(self.tmp, self.results)
+        return self.feasible
+
+    def discard(self) -> None:
+        """Drop the partial file (an interrupted or incomplete sweep keeps its parts, not this); after
+        :meth:`finish`, nothing is left to drop."""
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 def _count_feasible(text: bytes, lines: list[str]) -> int:
@@ -288,37 +370,6 @@ def _count_feasible(text: bytes, lines: list[str]) -> int:
     at = commas.reshape(len(lines), per)[:, _FEASIBLE - 1] + 1
     cell = buf[at[:, None] + np.arange(5)]
     return int(np.sum(np.all(cell == np.frombuffer(b"true,", np.uint8), axis=1)))
-
-
-def _merged(parts: list[list[Path]]):
-    """The lines of the CSV part files in point order, a run of lines at a time.
-
-    Each bucket's parts hold increasing point ids, so every line up to the smallest last id of the
-    buckets' current parts can be written: those lines of every current part are put in order
-    together (one sort of their ids), and a part is replaced by the bucket's next once it is used up.
-    Memory stays bounded by one part per bucket.
-    """
-    def read(files):
-        for p in files:
-            with open(p, newline="") as fh:
-                lines = fh.readlines()
-            if lines:
-                yield np.fromiter((int(x[: x.index(",")]) for x in lines), np.int64, len(lines)), lines
-
-    streams = [read(files) for files in parts]
-    current = [next(s, None) for s in streams]
-    while any(c is not None for c in current):
-        bound = min(c[0][-1] for c in current if c is not None)
-        ids, lines = [], []
-        for b, c in enumerate(current):
-            if c is None:
-                continue
-            n = int(np.searchsorted(c[0], bound, side="right"))
-            ids.append(c[0][:n])
-            lines += c[1][:n]
-            current[b] = (c[0][n:], c[1][n:]) if n < len(c[1]) else next(streams[b], None)
-        order = np.argsort(np.concatenate(ids), kind="stable")
-        yield [lines[i] for i in order.tolist()]
 
 
 #: rows per row group of the assembled Parquet file

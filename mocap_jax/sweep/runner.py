@@ -29,7 +29,7 @@ from . import layout as files
 from .config import MAX_BLOCK, load_sweep
 from .evaluate import Evaluator
 from ..specs.files import write_atomic
-from .output import PartWriter, assemble
+from .output import CsvMerge, PartWriter, assemble
 from .plan import Bucket, Plan
 
 
@@ -250,6 +250,11 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
         bar = tqdm(total=total if limit is None else min(total, limit), unit="pt", unit_scale=True, file=sys.stderr,
                    dynamic_ncols=True, desc=f"sweep {cfg.name}", smoothing=0.05)
     counts = {"evaluated": 0, "skipped": 0, "blocks": 0}
+    # one process writing CSV merges each part into the results file as it is written (every part
+    # arrives in its bucket's block order), so that merge overlaps the evaluation; otherwise process 0
+    # merges every part at the end.  An incomplete run drops the partial file and keeps its parts.
+    merge = CsvMerge(lay.results, [plan.bucket_blocks(b) for b in names.buckets]) \
+        if nproc == 1 and lay.format == "csv" else None
 
     def evaluate_blocks() -> None:
         """This process's blocks: each written by a writer thread while the next ones evaluate (at most
@@ -263,6 +268,8 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
                 name = names.name(b, k)
                 if name in done:
                     counts["skipped"] += len(ids)
+                    if merge is not None:   # in order with the parts being written
+                        writing.append(pool.submit(merge.add, b.index, lay.parts / name))
                     continue
                 if limit is not None and submitted >= limit:
                     break
@@ -280,26 +287,34 @@ def run_sweep(source, out_dir=None, *, resume: bool = False, devices=None, block
 
     def write(b: Bucket, name: str, r, job) -> None:
         writer.write(lay.parts / name, r, job.result(), b.index)
+        if merge is not None:
+            merge.add(b.index, lay.parts / name)
         counts["evaluated"] += len(r.ids)
         counts["blocks"] += 1
         if bar is not None:
             bar.update(len(r.ids))
 
     try:
-        _on_every_process(evaluate_blocks)
+        try:
+            _on_every_process(evaluate_blocks)
+        finally:
+            if bar is not None:
+                bar.close()
+        complete = len(names.existing(lay.parts)) == plan.num_blocks()
+
+        def assemble_results() -> int | None:   # process 0; the others wait for it
+            if not complete or pid != 0:
+                return None
+            if merge is not None:
+                return merge.finish()
+            return assemble(lay.results, [[lay.parts / e for e in bucket] for bucket in names.all()], writer)
+
+        t_assemble = time.perf_counter()
+        feasible = _on_every_process(assemble_results)
+        assemble_s = time.perf_counter() - t_assemble
     finally:
-        if bar is not None:
-            bar.close()
-    complete = len(names.existing(lay.parts)) == plan.num_blocks()
-
-    def assemble_results() -> int | None:   # process 0; the others wait for it
-        if not complete or pid != 0:
-            return None
-        return assemble(lay.results, [[lay.parts / e for e in bucket] for bucket in names.all()], writer)
-
-    t_assemble = time.perf_counter()
-    feasible = _on_every_process(assemble_results)
-    assemble_s = time.perf_counter() - t_assemble
+        if merge is not None:
+            merge.discard()                     # nothing left to drop once finished
     return SweepSummary(
         name=cfg.name, out_dir=str(lay.work), results=str(lay.results) if complete else None, points=plan.points,
         evaluated=counts["evaluated"], skipped=counts["skipped"], feasible=feasible, buckets=len(names.buckets),
