@@ -268,7 +268,8 @@ def test_csv_lines_equal_the_csv_modules_rows():
 def test_feasible_rows_are_counted_from_the_text_with_or_without_quotes():
     """The merged results count their feasible rows from the text: by comma positions when no cell is
     quoted, by the csv module when one is (a comma inside a quoted cell shifts the positions)."""
-    from mocap_jax.sweep.output import COLUMNS, _count_feasible
+    from mocap_jax.sweep.merge import _count_feasible
+    from mocap_jax.sweep.output import COLUMNS
 
     rng = np.random.default_rng(2)
     fi = COLUMNS.index("feasible")

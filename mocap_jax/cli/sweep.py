@@ -144,7 +144,8 @@ def bench_write(rows: int = 1_000_000, block_size: int = 4096, out: str | None =
     import numpy as np
 
     from ..sweep.config import load_sweep
-    from ..sweep.output import PartWriter, assemble, pyarrow
+    from ..sweep.merge import assemble
+    from ..sweep.output import PartWriter, pyarrow
     from ..sweep.plan import Plan
 
     plan = Plan(load_sweep(_million_source(), max_points=rows), block_size, 8)

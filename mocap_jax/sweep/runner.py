@@ -29,7 +29,8 @@ from . import layout as files
 from .config import MAX_BLOCK, load_sweep
 from .evaluate import Evaluator
 from ..specs.files import write_atomic
-from .output import CsvMerge, PartWriter, assemble
+from .merge import CsvMerge, assemble
+from .output import PartWriter
 from .plan import Bucket, Plan
 
 
