@@ -57,6 +57,32 @@ def test_read_routes_become_their_links_in_index_order():
         _route_links(np.ones((1, 1, 3), np.int64), (1, 1), 2)
 
 
+def test_packed_transfer_counts_give_the_float64_shares_rounded_once():
+    """The program keeps a transfer's route counts as bytes and divides by the instance's dies in the
+    step; that equals the share computed in float64 and rounded to float32 once, for every count and
+    instance size a byte holds, and on a packed wafer set-up."""
+    from mocap_jax.wsc import setup as su
+    from mocap_jax.wsc.serving_inputs import pack_inputs, shape_for
+    from mocap_jax.wsc.synthetic import synthetic_trace
+    from mocap_jax.wsc.workload import WORKLOAD_PRESETS
+
+    counts = np.arange(256, dtype=np.float64)[:, None]
+    dies = np.arange(1, 256, dtype=np.float64)[None, :]
+    assert np.array_equal(counts.astype(np.float32) / dies.astype(np.float32), (counts / dies).astype(np.float32))
+    setup = su.build_setup("llama2-7b", "wsc-llm-64g", WORKLOAD_PRESETS["azure-conv"], "wsc", "greedy",
+                           config=su.ServingConfig(contention="max-min"))
+    trace = synthetic_trace("azure-conv", 16, 1.0, seed=0)
+    shape = shape_for([setup], 16, setup.config)
+    tr = pack_inputs(setup, trace, shape).traffic
+    assert tr.transfer_counts.dtype == np.uint8
+    t = setup.traffic
+    P, D = t.transfer_counts.shape[:2]
+    in_step = jnp.asarray(tr.transfer_counts).astype(jnp.float32) / jnp.asarray(tr.transfer_sources)[:, None, None]
+    want = (t.transfer_counts / t.prefill_dies[:, None, None]).astype(np.float32)
+    assert D == shape.dies and np.array_equal(np.asarray(in_step)[:P], want)
+    assert np.all(np.asarray(in_step)[P:] == 0)
+
+
 def test_ring_uses_match_the_plan_and_transfer_counts_sum_hops():
     w = wsc_wafer(4, 4)
     cfg = pl.InstanceConfig(2, 2)

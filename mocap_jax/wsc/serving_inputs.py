@@ -83,7 +83,7 @@ class LayoutInputs:
 
     prefill_valid: Array        # [P] bool, a real prefill instance
     decode_valid: Array         # [Q] bool, a real decode instance
-    priority: Array             # [P, Q, D] int32 location priority (3: not allowed)
+    priority: Array             # [P, Q, D] int8 location priority (3: not allowed)
     allowed_capacity: Array     # [P, Q] bytes free (no KV placed) on the dies allowed for the pair
     free0: Array                # [D] bytes free for KV at the start
     pair_hops: Array            # [P, Q] int32 hops between centre dies
@@ -108,7 +108,9 @@ class TrafficInputs:
     decode_group: Array         # [Q, L]
     prefill_own: Array          # [P, D] 1.0 on the prefill instance's dies
     decode_own: Array           # [Q, D] 1.0 on the decode instance's dies
-    transfer_routes: Array      # [P, D, L] share of the bytes bound for die d crossing link l
+    transfer_counts: Array      # [P, D, L] uint8 (int32 past 255 dies) prefill dies whose route to die d crosses
+                                #   link l; each carries 1 / transfer_sources of the bytes
+    transfer_sources: Array     # [P] dies of each prefill instance (1 for padding)
     read_links: Array           # [Q, D, H] int32 links of the route from die d to the decode instance (L: none)
 
 
@@ -185,13 +187,13 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
     if not shape.contention:
         one = np.zeros((1,), dtype)
         return TrafficInputs(rule=f(0), link_capacity=one, dram_capacity=one, prefill_ring=one, prefill_group=one,
-                             decode_ring=one, decode_group=one, prefill_own=one, decode_own=one, transfer_routes=one,
+                             decode_ring=one, decode_group=one, prefill_own=one, decode_own=one,
+                             transfer_counts=np.zeros((1,), _count_dtype(shape)), transfer_sources=one,
                              read_links=np.zeros((1,), np.int32))
     if setup.traffic is None:
         raise SpecError(f"{setup.label}: set up without contention tables; use one contention setting per program")
     P, Q, D = shape.prefill, shape.decode, shape.dies
     t, w = setup.traffic, setup.wafer
-    per_die = t.transfer_counts / t.prefill_dies[:, None, None]
     own_q = np.zeros((setup.n_decode, setup.dies))
     for q, inst in enumerate(setup.layout.decode):
         own_q[q, [r * w.cols + c for r, c in inst.cells()]] = 1.0
@@ -204,8 +206,18 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
         decode_ring=_pad(_pad_links(t.decode_ring, D, dtype), (Q, 4 * D), 0, dtype),
         decode_group=_pad(_pad_links(t.decode_group, D, dtype), (Q, 4 * D), 0, dtype),
         prefill_own=_pad(setup.p_die_own.astype(float), (P, D), 0, dtype), decode_own=_pad(own_q, (Q, D), 0, dtype),
-        transfer_routes=_pad(_pad_links(per_die, D, dtype), (P, D, 4 * D), 0, dtype),
+        transfer_counts=_pad(_pad_links(t.transfer_counts, D, np.int64), (P, D, 4 * D), 0, _count_dtype(shape)),
+        transfer_sources=_pad(t.prefill_dies, (P,), 1, dtype),
         read_links=_route_links(_pad_links(t.read_routes, D, np.int64), (Q, D), shape.route_length))
+
+
+def _count_dtype(shape: ServingShape):
+    """Route counts are at most the dies of an instance: one byte each on wafers of up to 255 dies.
+
+    A refill copies a point's inputs to the devices and the placement loop gathers an instance's
+    ``[D, L]`` counts, so a quarter of the float32 bytes matters to both.
+    """
+    return np.uint8 if shape.dies <= np.iinfo(np.uint8).max else np.int32
 
 
 def _route_links(routes: np.ndarray, shape, length: int) -> np.ndarray:
@@ -244,7 +256,7 @@ def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jn
                       transfer_lanes=f(setup.lanes), batch_cap=np.asarray(setup.batch_cap, np.int32))
     layout = LayoutInputs(
         prefill_valid=np.arange(P) < setup.n_prefill, decode_valid=np.arange(Q) < setup.n_decode,
-        priority=_pad(setup.prio, (P, Q, D), mem.NOT_ALLOWED, np.int32),
+        priority=_pad(setup.prio, (P, Q, D), mem.NOT_ALLOWED, np.int8),
         allowed_capacity=_pad(setup.cap_allowed, (P, Q), 0, dtype), free0=_pad(setup.free0, (D,), 0, dtype),
         pair_hops=_pad(setup.pq_hops, (P, Q), 0, np.int32), prefill_die_hops=_pad(setup.p_die_hops, (P, D), 0, dtype),
         prefill_die_internode=_pad(setup.p_die_internode, (P, D), 0, dtype),

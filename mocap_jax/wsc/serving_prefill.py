@@ -99,8 +99,11 @@ def _place_loop(inp: ServingInputs, st: ServingState, p, t, do, pend0, sh: Servi
         inter = jnp.max(jnp.where(tgt, die_internode, 0.0))
         lat = jnp.maximum(hops * hw.link_latency_s, inter * hw.node_latency_s)
         if sh.contention:
-            seconds, tr = tf.transfer_start(inp, with_records(moving), inp.traffic.transfer_routes[p],
-                                            jnp.where(tgt, row, 0.0), lat, t)
+            # the share of the bytes bound for each die that crosses each link, read in the loop (most
+            # steps place nothing): exact, as counts and sources are small integers
+            tr_in = inp.traffic
+            routes = tr_in.transfer_counts[p].astype(ft) / tr_in.transfer_sources[p]
+            seconds, tr = tf.transfer_start(inp, with_records(moving), routes, jnp.where(tgt, row, 0.0), lat, t)
             moving = records(tr)
         else:
             bw = jnp.where(inter > 0, hw.node_bandwidth, hw.link_bandwidth) * hw.eff_link

@@ -159,8 +159,9 @@ def _transfer_seconds(inp: ServingInputs, tr: TrafficState, link_bytes, demand, 
 def transfer_start(inp: ServingInputs, tr: TrafficState, routes, outbound, latency, t):
     """A KV transfer from a prefill instance of ``outbound [D]`` bytes per target die, starting at ``t``.
 
-    ``routes [D, L]``: the instance's row of ``transfer_routes`` (its bytes cross the links of
-    the routes from every die of the instance, an equal share each, to every target).  Returns
+    ``routes [D, L]``: the share of the bytes bound for each die that crosses each link (the
+    instance's ``transfer_counts / transfer_sources``: its bytes cross the links of the routes from
+    every die of the instance, an equal share each, to every target).  Returns
     (seconds, traffic state with the transfer recorded): isolated, the most loaded link sets the
     time; with others in flight each link gives it its share.
     """
