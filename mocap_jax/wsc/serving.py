@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Sequence
 
 import jax
@@ -33,8 +32,7 @@ import numpy as np
 from ..specs import checks
 from .metrics import ServingResult, aggregate_metrics, check_clock, infeasible_metrics, request_metrics
 from .serving_inputs import ServingInputs, ServingShape, pack_inputs, request_bucket, shape_for, stack_inputs
-from .serving_state import initial_state
-from .serving_step import init_batch, run_batch
+from .serving_step import run_batch, state_shapes
 from .setup import ServingSetup
 from .traces import Trace
 
@@ -95,7 +93,7 @@ def _sharding(g: int, shard: bool):
     return NamedSharding(mesh, PartitionSpec("points"))
 
 
-def _compiled(inputs, state, shape: ServingShape, chunk_steps: int, requests: int, sharding=None):
+def _compiled(inputs, state, restart, shape: ServingShape, chunk_steps: int, requests: int, sharding=None):
     """The compiled scan for a run of ``requests`` simulated requests in all (they pick the optimisation
     level), its lanes split over ``sharding``'s devices (:func:`_sharding`) or on one device."""
     level = 1 if requests >= OPTIMISE_FROM_REQUESTS else 0
@@ -103,9 +101,20 @@ def _compiled(inputs, state, shape: ServingShape, chunk_steps: int, requests: in
     key = (shape, chunk_steps, level, mesh, jax.tree_util.tree_structure(inputs),
            tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs)))
     if key not in _COMPILED:
-        _COMPILED[key] = run_batch(shape, chunk_steps, mesh).lower(inputs, state).compile(
+        _COMPILED[key] = run_batch(shape, chunk_steps, mesh).lower(inputs, state, restart).compile(
             compiler_options={"xla_backend_optimization_level": level, **COPY_INSERTION})
     return _COMPILED[key]
+
+
+def _put(tree, sharding):
+    """Host arrays onto the lanes' devices (``sharding``) or the default device."""
+    return jax.device_put(tree, sharding) if sharding is not None else jax.device_put(tree)
+
+
+def _state_buffers(inputs: ServingInputs, shape: ServingShape, sharding):
+    """Zero buffers for a batch's states, made on the host (no program to compile): the first scan
+    call restarts every lane from its initial state."""
+    return _put(jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), state_shapes(inputs, shape)), sharding)
 
 
 def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int = 512,
@@ -127,18 +136,18 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     chunk_steps = checks.integer("chunk_steps", chunk_steps, 1)
     max_steps = int(np.max(_step_budget(inputs, shape))) if max_steps is None else int(max_steps)
     t0 = time.perf_counter()
-    sharding = _sharding(int(np.shape(inputs.requests.count)[0]), shard)
-    if sharding is not None:
-        inputs = jax.device_put(jax.tree_util.tree_map(np.asarray, inputs), sharding)
-        st = jax.device_put(init_batch(inputs, shape), sharding)
-    else:
-        inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
-        st = init_batch(inputs, shape)
-    compiled = _compiled(inputs, st, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))), sharding)
+    g = int(np.shape(inputs.requests.count)[0])
+    sharding = _sharding(g, shard)
+    inputs = _put(jax.tree_util.tree_map(np.asarray, inputs), sharding)
+    st = _state_buffers(inputs, shape, sharding)
+    restart, running = _put(np.ones(g, bool), sharding), _put(np.zeros(g, bool), sharding)
+    compiled = _compiled(inputs, st, restart, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))),
+                         sharding)
     compile_s = time.perf_counter() - t0
     steps = 0
     while True:
-        st, done = compiled(inputs, st)
+        st, done = compiled(inputs, st, restart)
+        restart = running
         steps += chunk_steps
         if bool(np.all(np.asarray(done))) or steps >= max_steps:
             break
@@ -153,56 +162,65 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
                        complete=done & ~overflow, steps=steps, wall_s=time.perf_counter() - t0, compile_s=compile_s)
 
 
-@partial(jax.jit, static_argnames=("sh",), donate_argnums=(0, 1))
-def _refill(inputs: ServingInputs, state, lane, new_inputs: ServingInputs, sh: ServingShape):
-    """Lane ``lane`` (a traced int32) of a running batch starts the design point ``new_inputs`` (no batch axis).
-
-    One point per call is one compiled program for any number of finished lanes; a program per
-    number of lanes compiles for seconds each, far longer than the refills run.
-    """
-    fresh = initial_state(new_inputs, sh)
-    put = lambda old, new: old.at[lane].set(new)
-    return jax.tree_util.tree_map(put, inputs, new_inputs), jax.tree_util.tree_map(put, state, fresh)
-
-
 class _LanePool:
     """A fixed-width batch of lanes running design points; a finished lane takes the next waiting point.
 
     Points wait longest-first, so the batch stays full of comparable work and the last lanes to
-    finish are short ones; the program is compiled once for the batch width.
+    finish are short ones; the program is compiled once for the batch width.  A lane taking a new
+    point restarts inside the scan's program (:func:`~mocap_jax.wsc.serving_step.restart_lanes`),
+    and the inputs of the lanes of each device that has one are put there again from the host: no
+    program of its own to compile, and nothing copied to the other devices.
     """
 
     def __init__(self, packed: list[ServingInputs], shape: ServingShape, width: int, chunk_steps: int, shard: bool):
-        self.shape, self.chunk = shape, chunk_steps
+        self.shape, self.chunk, self.width = shape, chunk_steps, width
         self.waiting = list(range(len(packed)))
         self.packed = packed
         first = [self.waiting.pop(0) for _ in range(min(width, len(packed)))]
-        lanes = first + [first[-1]] * (width - len(first))   # spare lanes repeat a point, results unused
+        self.lane_point = first + [first[-1]] * (width - len(first))   # spare lanes repeat a point, results unused
         self.point = first + [None] * (width - len(first))
-        self.budget = np.asarray([int(_step_budget(packed[k], shape)) for k in lanes])
+        self.budget = np.asarray([int(_step_budget(packed[k], shape)) for k in self.lane_point])
         self.steps = np.zeros(width, np.int64)
-        stacked = stack_inputs([packed[k] for k in lanes])
         self.sharding = _sharding(width, shard)
-        if self.sharding is not None:
-            # host arrays go to their devices directly: an array already on one device would be cut
-            # into the devices' shares by a program compiled for each leaf's shape
-            self.inputs = jax.device_put(stacked, self.sharding)
-            self.state = jax.device_put(init_batch(self.inputs, shape), self.sharding)
+        if self.sharding is None:
+            self.shares = [(None, slice(0, width))]
         else:
-            self.inputs = jax.tree_util.tree_map(jnp.asarray, stacked)
-            self.state = init_batch(self.inputs, shape)
+            index = self.sharding.devices_indices_map((width,))
+            self.shares = [(d, index[d][0]) for d in self.sharding.mesh.devices.flat]
+        self.host_inputs = [stack_inputs([packed[p] for p in self.lane_point[lanes]]) for _, lanes in self.shares]
+        self.device_inputs = [self._put_share(k) for k in range(len(self.shares))]
+        self.inputs = self._assemble()
+        self.state = _state_buffers(self.inputs, shape, self.sharding)
+        self.restart = np.ones(width, bool)
         t0 = time.perf_counter()
         requests = sum(int(np.asarray(x.requests.count)) for x in packed)
-        self.compiled = _compiled(self.inputs, self.state, shape, chunk_steps, requests, self.sharding)
+        self.compiled = _compiled(self.inputs, self.state, self._flags(), shape, chunk_steps, requests, self.sharding)
         self.compile_s = time.perf_counter() - t0
         self.total_steps = 0
+
+    def _put_share(self, k: int):
+        """A copy of the inputs of the lanes of device ``k`` on that device (the host's are rewritten by refills)."""
+        device = self.shares[k][0]
+        return jax.device_put(self.host_inputs[k], device, may_alias=False)
+
+    def _assemble(self):
+        if self.sharding is None:
+            return self.device_inputs[0]
+        shape = lambda x: (self.width,) + x.shape[1:]
+        return jax.tree_util.tree_map(
+            lambda *xs: jax.make_array_from_single_device_arrays(shape(xs[0]), self.sharding, list(xs)),
+            *self.device_inputs)
+
+    def _flags(self):
+        return _put(self.restart.copy(), self.sharding)
 
     def active(self) -> bool:
         return any(p is not None for p in self.point)
 
     def run(self) -> list[tuple[int, int, dict]]:
         """Scan one chunk; return ``(lane, point, outputs)`` of the points that finished (or ran out of steps)."""
-        self.state, done = self.compiled(self.inputs, self.state)
+        self.state, done = self.compiled(self.inputs, self.state, self._flags())
+        self.restart[:] = False
         self.total_steps += self.chunk
         self.steps += self.chunk
         done = np.asarray(done)
@@ -225,14 +243,21 @@ class _LanePool:
         return out
 
     def _refill(self, lanes: list[int]) -> None:
-        for g in lanes:
-            if not self.waiting:
-                return
+        """The next waiting points take the finished ``lanes``, restarting at the next call."""
+        for g in lanes[:len(self.waiting)]:
             p = self.waiting.pop(0)
-            self.inputs, self.state = _refill(self.inputs, self.state, np.int32(g), self.packed[p], self.shape)
-            self.point[g] = p
+            self.lane_point[g], self.point[g] = p, p
+            k = next(k for k, (_, share) in enumerate(self.shares) if share.start <= g < share.stop)
+            row = g - self.shares[k][1].start
+            jax.tree_util.tree_map(lambda host, new: host.__setitem__(row, new), self.host_inputs[k], self.packed[p])
+            self.restart[g] = True
             self.steps[g] = 0
             self.budget[g] = int(_step_budget(self.packed[p], self.shape))
+        changed = [k for k, (_, lanes) in enumerate(self.shares) if self.restart[lanes].any()]
+        for k in changed:
+            self.device_inputs[k] = self._put_share(k)
+        if changed:
+            self.inputs = self._assemble()
 
 
 @dataclass

@@ -96,14 +96,29 @@ def finished(inp: ServingInputs, st: ServingState):
         & ~jnp.any(jnp.isfinite(st.decode.next_t))
 
 
-@partial(jax.jit, static_argnames=("sh",))
-def init_batch(inp: ServingInputs, sh: ServingShape) -> ServingState:
-    """Initial states of a batch of design points (leading axis ``[G]``)."""
-    return jax.vmap(lambda x: initial_state(x, sh))(inp)
+def restart_lanes(inp: ServingInputs, st: ServingState, restart, sh: ServingShape) -> ServingState:
+    """The lanes flagged in ``restart [G]`` start their design points from the initial state.
+
+    Done inside the scan's program, so that a lane taking a new point needs no program of its
+    own; the reset runs only when some lane restarts (``lax.cond``), once per chunk of steps.
+    """
+    def reset(st):
+        fresh = jax.vmap(lambda x: initial_state(x, sh))(inp)
+        lane = lambda x: restart.reshape(restart.shape + (1,) * (x.ndim - 1))
+        return jax.tree_util.tree_map(lambda new, old: jnp.where(lane(old), new, old), fresh, st)
+
+    return jax.lax.cond(jnp.any(restart), reset, lambda st: st, st)
 
 
-def scan_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, steps: int):
-    """``steps`` scan steps of every design point of a batch; returns the states and which are finished."""
+def state_shapes(inp: ServingInputs, sh: ServingShape):
+    """Shapes and dtypes of the states of a batch of design points (``jax.ShapeDtypeStruct`` leaves)."""
+    return jax.eval_shape(jax.vmap(lambda x: initial_state(x, sh)), inp)
+
+
+def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, steps: int):
+    """``steps`` scan steps of every design point of a batch, the lanes flagged in ``restart [G]``
+    starting from the initial state; returns the states and which are finished."""
+    st = restart_lanes(inp, st, restart, sh)
     stepper = jax.vmap(lambda x, s: step(x, s, sh))
     st, _ = jax.lax.scan(lambda c, _: (stepper(inp, c), None), st, None, length=steps)
     return st, jax.vmap(finished)(inp, st)
@@ -123,8 +138,8 @@ def run_batch(sh: ServingShape, steps: int, mesh=None):
         from jax.sharding import PartitionSpec
 
         lanes = PartitionSpec("points")
-        fn = jax.shard_map(fn, mesh=mesh, in_specs=(lanes, lanes), out_specs=(lanes, lanes), check_vma=False)
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=(lanes, lanes, lanes), out_specs=(lanes, lanes), check_vma=False)
     return jax.jit(fn, donate_argnums=(1,))
 
 
-__all__ = ["step", "finished", "init_batch", "scan_batch", "run_batch"]
+__all__ = ["step", "finished", "restart_lanes", "state_shapes", "scan_batch", "run_batch"]
