@@ -93,6 +93,22 @@ def test_lanes_split_over_the_devices_give_the_one_device_results(setup):
             np.testing.assert_allclose(a.raw[k], b.raw[k], rtol=1e-6, atol=0, err_msg=k)
 
 
+def test_a_point_in_a_lane_that_restarts_runs_as_in_a_fresh_batch(setup):
+    """Six points through two lanes on one device: four of them start in a lane that has just run
+    another point (its state reset inside the scan's program, its inputs rewritten on the host).
+    Each gives the same decisions and times as when it runs alone in the same program (its own
+    point in both lanes), so nothing of the lane's previous point is left over."""
+    points = [(setup, synthetic_trace("azure-conv", 24, (0.6 + 0.25 * k) * setup.served_rps, seed=30 + k))
+              for k in range(6)]
+    pooled = sv.simulate(points, batch_size=2, keep_raw=True, shard=False)
+    for point, got in zip(points, pooled.results):
+        alone = sv.simulate([point, point], batch_size=2, keep_raw=True, shard=False).results[0]
+        assert got.metrics["complete"] and alone.metrics["complete"]
+        for k in sv.RAW_FIELDS:
+            assert np.array_equal(got.raw[k], alone.raw[k]), k
+        assert got.metrics["events"] == alone.metrics["events"]
+
+
 def test_more_load_more_queueing(setup):
     lo, hi = _run(setup, seed=3, load=0.3), _run(setup, seed=3, load=3.0)
     assert hi.metrics["ttft_mean_s"] > lo.metrics["ttft_mean_s"]

@@ -214,8 +214,8 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
 def _count_dtype(shape: ServingShape):
     """Route counts are at most the dies of an instance: one byte each on wafers of up to 255 dies.
 
-    A refill copies a point's inputs to the devices and the placement loop gathers an instance's
-    ``[D, L]`` counts, so a quarter of the float32 bytes matters to both.
+    A lane taking a point copies its inputs to its device and the placement loop reads an
+    instance's ``[D, L]`` counts, so a quarter of the float32 bytes matters to both.
     """
     return np.uint8 if shape.dies <= np.iinfo(np.uint8).max else np.int32
 

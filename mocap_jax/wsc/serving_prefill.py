@@ -222,8 +222,9 @@ def _join_fast_forwarded(inp: ServingInputs, dec, heads, q, ready, sh: ServingSh
     undo = jnp.where(heads & room & ~dec.continuing[q] & (before < k), k - before, 0).astype(jnp.int32)
     sel = jnp.where(undo > 0, q, Q)
     back = undo.astype(ft)
-    # an instance is the head of at most one placement, so each instance's sum has at most one term;
-    # the remote context is undone on the whole [Q, D] table (a row scatter here cost 3% of a step)
+    # an instance is the head of at most one placement, so each instance's sum has at most one term
+    # and the whole [Q, D] table can be updated (the same products and sums as a row scatter-add,
+    # which is the slowest scatter of a step)
     back_q = jnp.sum(jnp.where(sel[:, None] == jnp.arange(Q)[None, :], back[:, None], 0.0), axis=0)
     dec = dataclasses.replace(
         dec, next_t=dec.next_t.at[sel].set(jnp.take_along_axis(ends, before[:, None], axis=1)[:, 0], mode="drop"),
