@@ -36,25 +36,27 @@ def test_link_resources_follow_xy_routes():
     assert geo.route_resources(c, 1, 6) == [2 * 8 + 1, 3 * 8 + 6]
 
 
-def test_read_routes_become_their_links_in_index_order():
-    """``[Q, D, L]`` 0/1 route rows -> each route's link indices, padded with L (no link), against a
-    loop over the routes; a route longer than the program holds is refused."""
-    from mocap_jax.wsc.serving_inputs import _route_links
+def test_read_routes_become_each_instances_die_link_pairs_in_order():
+    """``[q, d, L]`` 0/1 route rows -> each instance's (die, link) pairs, die by die and each route's
+    links in index order, padded with die 0 and link L (no link), against a loop over the routes;
+    routes longer in all than the program holds are refused."""
+    from mocap_jax.wsc.serving_inputs import _route_entries
 
     rng = np.random.default_rng(4)
     for _ in range(100):
         q, d, L = (int(x) for x in rng.integers(1, [6, 7, 30]))
         routes = (rng.random((q, d, L)) < rng.random()).astype(np.int64)
-        length = max(1, int(routes.sum(axis=-1).max()) + int(rng.integers(0, 3)))
-        Q, D = q + int(rng.integers(0, 3)), d + int(rng.integers(0, 3))
-        want = np.full((Q, D, length), L, np.int32)
+        entries = max(1, int(routes.sum(axis=(1, 2)).max()) + int(rng.integers(0, 3)))
+        Q = q + int(rng.integers(0, 3))
+        dies, links = np.zeros((Q, entries), np.int32), np.full((Q, entries), L, np.int32)
         for i in range(q):
-            for j in range(d):
-                links = np.flatnonzero(routes[i, j])
-                want[i, j, :links.size] = links
-        assert np.array_equal(_route_links(routes, (Q, D), length), want)
-    with pytest.raises(SpecError, match="crosses 3 links but the program holds 2"):
-        _route_links(np.ones((1, 1, 3), np.int64), (1, 1), 2)
+            pairs = [(j, l) for j in range(d) for l in np.flatnonzero(routes[i, j])]
+            for k, (j, l) in enumerate(pairs):
+                dies[i, k], links[i, k] = j, l
+        got = _route_entries(routes, Q, entries)
+        assert np.array_equal(got["read_dies"], dies) and np.array_equal(got["read_links"], links)
+    with pytest.raises(SpecError, match="cross 3 links in all, but the program holds 2"):
+        _route_entries(np.ones((1, 1, 3), np.int64), 1, 2)
 
 
 def test_packed_transfer_counts_give_the_float64_shares_rounded_once():

@@ -72,9 +72,9 @@ def _read_flows(inp: ServingInputs, q, context, growth, steps):
     c = inp.cost
     j = jnp.arange(steps, dtype=context.dtype)
     per_token = c.model.kv_elements_per_token_layer * c.decode_plan.kv_read_amplification * c.hw.kv_bytes
-    links = inp.traffic.read_links[q]                                            # [D, H]
+    dies, links = inp.traffic.read_dies[q], inp.traffic.read_links[q]              # [K] each
     L = inp.traffic.link_capacity.shape[0]
-    on_links = lambda x: jnp.zeros(L, x.dtype).at[links].add(jnp.broadcast_to(x[:, None], links.shape), mode="drop")
+    on_links = lambda x: jnp.zeros(L, x.dtype).at[links].add(x[dies], mode="drop")
     link0, link1 = on_links(context) * per_token, on_links(growth) * per_token
     link_bytes = link0[None, :] + j[:, None] * link1[None, :]
     dram_bytes = (context[None, :] + j[:, None] * growth[None, :]) * per_token

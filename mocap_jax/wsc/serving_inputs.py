@@ -44,7 +44,8 @@ class ServingShape:
       arrivals: arrivals processed per scan step (no effect on results).
       transfers: in-flight KV transfers whose link demand is tracked (contention; the oldest is
         forgotten when more are in flight).
-      route_length: H, most links on a remote-read route (contention).
+      route_entries: K, most (die, link) pairs of the remote-read routes of one decode instance, in
+        all (contention; a multiple of 8).
     """
 
     requests: int
@@ -60,7 +61,7 @@ class ServingShape:
     decode_parallel: int = 4
     arrivals: int = 4
     transfers: int = 8
-    route_length: int = 1
+    route_entries: int = 8
 
 
 @pytree
@@ -111,7 +112,8 @@ class TrafficInputs:
     transfer_counts: Array      # [P, D, L] uint8 (int32 past 255 dies) prefill dies whose route to die d crosses
                                 #   link l; each carries 1 / transfer_sources of the bytes
     transfer_sources: Array     # [P] dies of each prefill instance (1 for padding)
-    read_links: Array           # [Q, D, H] int32 links of the route from die d to the decode instance (L: none)
+    read_dies: Array            # [Q, K] int32 die of each (die, link) pair of the instance's remote-read routes
+    read_links: Array           # [Q, K] int32 link of each pair (L: none), die by die, each route in link order
 
 
 @pytree
@@ -164,8 +166,8 @@ def shape_for(setups: Sequence[ServingSetup], requests: int, config: ServingConf
                         prefill=_bucket(max(s.n_prefill for s in ok), 1), decode=_bucket(max(s.n_decode for s in ok), 1),
                         slots=_bucket(max(s.batch_cap for s in ok)), window=config.window, leap=config.leap,
                         remote=any(s.remote for s in ok), contention=any(s.config.contention != "off" for s in ok),
-                        route_length=max([int(s.traffic.read_routes.sum(axis=-1).max()) for s in ok
-                                          if s.traffic is not None] + [1]))
+                        route_entries=-(-max([int(s.traffic.read_routes.sum(axis=(-2, -1)).max()) for s in ok
+                                              if s.traffic is not None] + [1]) // 8) * 8)
 
 
 def _pad(x, shape, fill, dtype):
@@ -189,7 +191,7 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
         return TrafficInputs(rule=f(0), link_capacity=one, dram_capacity=one, prefill_ring=one, prefill_group=one,
                              decode_ring=one, decode_group=one, prefill_own=one, decode_own=one,
                              transfer_counts=np.zeros((1,), _count_dtype(shape)), transfer_sources=one,
-                             read_links=np.zeros((1,), np.int32))
+                             read_dies=np.zeros((1,), np.int32), read_links=np.zeros((1,), np.int32))
     if setup.traffic is None:
         raise SpecError(f"{setup.label}: set up without contention tables; use one contention setting per program")
     P, Q, D = shape.prefill, shape.decode, shape.dies
@@ -208,7 +210,7 @@ def _traffic_inputs(setup: ServingSetup, shape: ServingShape, dtype) -> TrafficI
         prefill_own=_pad(setup.p_die_own.astype(float), (P, D), 0, dtype), decode_own=_pad(own_q, (Q, D), 0, dtype),
         transfer_counts=_pad(_pad_links(t.transfer_counts, D, np.int64), (P, D, 4 * D), 0, _count_dtype(shape)),
         transfer_sources=_pad(t.prefill_dies, (P,), 1, dtype),
-        read_links=_route_links(_pad_links(t.read_routes, D, np.int64), (Q, D), shape.route_length))
+        **_route_entries(_pad_links(t.read_routes, D, np.int64), Q, shape.route_entries))
 
 
 def _count_dtype(shape: ServingShape):
@@ -220,19 +222,26 @@ def _count_dtype(shape: ServingShape):
     return np.uint8 if shape.dies <= np.iinfo(np.uint8).max else np.int32
 
 
-def _route_links(routes: np.ndarray, shape, length: int) -> np.ndarray:
-    """``[.., L]`` 0/1 route rows -> ``[*shape, length]`` link indices, padded with ``L`` (no link)."""
-    L = routes.shape[-1]
-    out = np.full(tuple(shape) + (length,), L, np.int32)
-    on = routes != 0
-    count = on.sum(axis=-1)
-    if count.size and count.max() > length:
-        raise SpecError(f"a route crosses {count.max()} links but the program holds {length}")
-    k = min(length, L)
-    # a stable sort of "not on the route" puts each route's links first, in index order
-    links = np.argsort(~on, axis=-1, kind="stable")[..., :k]
-    out[tuple(slice(0, n) for n in routes.shape[:-1])][..., :k] = np.where(np.arange(k) < count[..., None], links, L)
-    return out
+def _route_entries(routes: np.ndarray, instances: int, entries: int) -> dict[str, np.ndarray]:
+    """``[q, d, L]`` 0/1 route rows (from each die to instance ``i``) -> every instance's (die, link)
+    pairs, die by die and each route's links in index order, padded to ``entries`` with die 0 and
+    link ``L`` (no link): ``read_dies`` and ``read_links``, ``[instances, entries]`` each.
+
+    A remote read adds each die's bytes to the links of its route in that order, as the ``[d, L]``
+    rows would; an instance's routes cross far fewer links than ``d`` routes of the longest length
+    (261 against 594 on the default exploration's largest), and the step's scatter is that long.
+    """
+    q, d, L = routes.shape
+    dies = np.zeros((instances, entries), np.int32)
+    links = np.full((instances, entries), L, np.int32)
+    inst, flat = np.nonzero(routes.reshape(q, d * L))            # row-major: by instance, die, link
+    count = np.bincount(inst, minlength=q)
+    if count.size and count.max() > entries:
+        raise SpecError(f"the remote-read routes of a decode instance cross {count.max()} links in all, but the "
+                        f"program holds {entries}")
+    rank = np.arange(inst.size) - np.repeat(np.cumsum(count) - count, count)
+    dies[inst, rank], links[inst, rank] = np.divmod(flat, L)
+    return {"read_dies": dies, "read_links": links}
 
 
 def pack_inputs(setup: ServingSetup, trace: Trace, shape: ServingShape, dtype=jnp.float32) -> ServingInputs:
