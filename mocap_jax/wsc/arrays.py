@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-#: entries per block of :func:`running_count`.  Measured on the serving program's shape (16 lanes x 4
-#: decode boundaries x 256 slots, the two running counts of a boundary and its first 8 finishes, in a
-#: compiled loop of 1,000 iterations on one CPU device): blocks of 16 took 105-111 us an iteration, of
-#: 8 159 us, of 32 168-187 us; a log-depth associative scan over the 256 slots 161-164 us, and
-#: ``jnp.cumsum`` (a reduce-window as long as the slots) 111-116 us
+#: entries per block of :func:`running_count`: the fastest of 8, 16 and 32 at the serving program's
+#: shape (256 slots per decode batch), faster there than a log-depth associative scan or one
+#: reduce-window over the slots (the measurements: docs/wsc_llm.md, "Performance")
 COUNT_BLOCK = 16
 
 

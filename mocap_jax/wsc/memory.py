@@ -200,12 +200,9 @@ def greedy_allocate_pairwise(free, need, priority):
     Dies are taken in the order (priority, most free first, lowest index); the bytes
     before die ``d`` in that order are summed from an ``[D, D]`` comparison instead of a
     cumulative sum over a sorted copy, which compiles much faster inside a scan.  Row ``d`` of the
-    comparison holds the dies before ``d``, so each sum runs along contiguous memory: summed down
-    the columns instead, XLA:CPU split the 54 rows of a wafer into windows of 32 and the rule took
-    17-20 us against 9.3 us a call (16 design points, in a compiled loop on one CPU device), and the
-    default exploration's scan step 2-3% longer.  The two orders of summation may differ in the last
-    float32 bit of a sum; that exploration (``mocap-jax wsc-llm explore``) wrote the same bytes with
-    either.
+    comparison holds the dies before ``d``, so each sum runs along contiguous memory (summed down
+    the columns, XLA:CPU splits a wafer's 54 rows into windows; docs/wsc_llm.md, "Performance").  A
+    sum may differ from the sorted cumulative sum in its last float32 bit.
 
     Args:
       free: ``[D]`` free bytes.  need: bytes to place.  priority: ``[D]`` (3 = not allowed).

@@ -46,8 +46,8 @@ _COMPILED: dict = {}
 #: (where compilation dominates) at level 0.
 OPTIMISE_FROM_REQUESTS = 4096
 #: XLA:CPU's copy insertion by region analysis (off by default) leaves out copies of the state's
-#: tables that the default analysis adds around the step's loops: the default exploration's scan
-#: step 1.07-1.10 against 1.10-1.17 ms (three alternated compilations, same results).
+#: tables that the default analysis adds around the step's loops (a faster step, the same results;
+#: docs/wsc_llm.md, "Performance").
 COPY_INSERTION = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
@@ -106,15 +106,11 @@ def _compiled(inputs, state, restart, shape: ServingShape, chunk_steps: int, req
     return _COMPILED[key]
 
 
-def _put(tree, sharding):
-    """Host arrays onto the lanes' devices (``sharding``) or the default device."""
-    return jax.device_put(tree, sharding) if sharding is not None else jax.device_put(tree)
-
-
 def _state_buffers(inputs: ServingInputs, shape: ServingShape, sharding):
     """Zero buffers for a batch's states, made on the host (no program to compile): the first scan
     call restarts every lane from its initial state."""
-    return _put(jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), state_shapes(inputs, shape)), sharding)
+    zeros = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), state_shapes(inputs, shape))
+    return jax.device_put(zeros, sharding)   # sharding None: the default device
 
 
 def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int = 512,
@@ -138,9 +134,9 @@ def simulate_batch(inputs: ServingInputs, shape: ServingShape, chunk_steps: int 
     t0 = time.perf_counter()
     g = int(np.shape(inputs.requests.count)[0])
     sharding = _sharding(g, shard)
-    inputs = _put(jax.tree_util.tree_map(np.asarray, inputs), sharding)
+    inputs = jax.device_put(jax.tree_util.tree_map(np.asarray, inputs), sharding)
     st = _state_buffers(inputs, shape, sharding)
-    restart, running = _put(np.ones(g, bool), sharding), _put(np.zeros(g, bool), sharding)
+    restart, running = jax.device_put(np.ones(g, bool), sharding), jax.device_put(np.zeros(g, bool), sharding)
     compiled = _compiled(inputs, st, restart, shape, chunk_steps, int(np.sum(np.asarray(inputs.requests.count))),
                          sharding)
     compile_s = time.perf_counter() - t0
@@ -212,7 +208,8 @@ class _LanePool:
             *self.device_inputs)
 
     def _flags(self):
-        return _put(self.restart.copy(), self.sharding)
+        # a copy: the host array may be aliased on a CPU device and is cleared while the scan runs
+        return jax.device_put(self.restart.copy(), self.sharding)
 
     def active(self) -> bool:
         return any(p is not None for p in self.point)
