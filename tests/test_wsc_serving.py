@@ -227,3 +227,37 @@ def test_sort_free_greedy_rule_equals_the_memory_scheduler():
                         jnp.asarray(np.pad(prio, (0, D - d), constant_values=mem.NOT_ALLOWED)))
         assert bool(ok2) == bool(ok)
         assert np.allclose(np.asarray(got)[:d], want, rtol=1e-12, atol=1e-3) and not np.any(np.asarray(got)[d:])
+
+
+def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
+    """Three lanes scanned 160 steps with their due decode boundaries computed one, two or four at
+    a time (several rounds per step) end in the state the plain vmapped step gives: every integer,
+    flag and time equal."""
+    from mocap_jax.wsc import serving_step as ss
+    from mocap_jax.wsc.serving_decode import decode_boundary, idle_outcomes
+
+    points = [(setup, synthetic_trace("azure-conv", 24, (1.0 + 0.5 * k) * setup.served_rps, seed=40 + k))
+              for k in range(3)]
+    shape = si.shape_for([p[0] for p in points], 24, CONFIG)
+    inputs = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)),
+                                    *[si.pack_inputs(s, tr, shape) for s, tr in points])
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), ss.state_shapes(inputs, shape))
+    restart = jnp.ones(3, bool)
+    R = min(shape.decode_parallel, shape.decode)
+    run = lambda capacity: jax.jit(lambda i, s, r: ss.scan_batch(i, s, r, shape, 160, capacity))(inputs, zeros, restart)
+    plain, plain_done = run(3 * R)
+    assert np.sum(np.asarray(plain.totals.events)) > 200          # the lanes ran decode boundaries
+    for capacity in (1, 2, 4):
+        packed, done = run(capacity)
+        assert np.array_equal(done, plain_done)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(packed), jax.tree_util.tree_leaves(plain)):
+            if jnp.issubdtype(a.dtype, jnp.floating):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=0, err_msg=f"{capacity} {path}")
+            else:
+                assert np.array_equal(a, b), (capacity, path)
+    # what a boundary that is not due gives, in the shapes and types a due one gives
+    one = jax.tree_util.tree_map(lambda x: x[0], inputs), jax.tree_util.tree_map(lambda x: x[0], plain)
+    due = jax.eval_shape(lambda i, s: decode_boundary(i, s, jnp.int32(0), i.requests.arrival[0], False, shape), *one)
+    idle = idle_outcomes(1, shape, inputs.traffic.link_capacity.shape[-1], jnp.float32)
+    for a, b in zip(jax.tree_util.tree_leaves(due), jax.tree_util.tree_leaves(idle)):
+        assert (a.shape, a.dtype) == (b.shape[1:], b.dtype)

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from . import traffic as tf
-from .serving_decode import DecodeOutcome, decode_boundary
+from ..costs import pytree
+from .serving_decode import DecodeOutcome, decode_boundary, idle_outcomes
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_prefill import arrivals, prefill_event
 from .serving_state import ServingState, initial_state
+
+Array = Any
 
 
 def _apply_decode(st: ServingState, out: DecodeOutcome, times, sh: ServingShape) -> ServingState:
@@ -58,8 +62,18 @@ def _apply_decode(st: ServingState, out: DecodeOutcome, times, sh: ServingShape)
     return dataclasses.replace(st, decode=dec, requests=rs, totals=tot, traffic=tr)
 
 
-def step(inp: ServingInputs, st: ServingState, sh: ServingShape) -> ServingState:
-    """Arrivals, parallel decode boundaries and one prefill event (see the module docstring)."""
+@pytree
+class DueBoundaries:
+    """The decode boundaries a step processes (rank ``r`` in ``[R]``, earliest first)."""
+
+    instance: Array            # [R] int32 decode instances
+    times: Array               # [R] s, their event times
+    do: Array                  # [R] bool, processed this step
+    t_arrival: Array           # [] s, the next arrival (inf if none)
+
+
+def due_boundaries(inp: ServingInputs, st: ServingState, sh: ServingShape):
+    """Arrivals, then the decode boundaries due by the horizon: ``(state, DueBoundaries)``."""
     lay, req = inp.layout, inp.requests
     ft = req.arrival.dtype
     inf = jnp.asarray(jnp.inf, ft)
@@ -69,25 +83,114 @@ def step(inp: ServingInputs, st: ServingState, sh: ServingShape) -> ServingState
     i = jnp.clip(st.requests.next_arrival, 0, sh.requests - 1)
     t_arrival = jnp.where(st.requests.next_arrival < req.count, req.arrival[i], inf)
     horizon = jnp.minimum(t_prefill, t_arrival)
-    blocked = lay.prefill_valid & ~pre.busy & (pre.pending > 0)
-    any_blocked = jnp.any(blocked)
-    # 2. decode boundaries due by the horizon, earliest first
+    any_blocked = jnp.any(_blocked(inp, st))
     due = jnp.where(lay.decode_valid & (dec.next_t <= horizon), dec.next_t, inf)
     r = min(sh.decode_parallel, sh.decode)
     order = jnp.argsort(due)[:r].astype(jnp.int32)
     times = due[order]
-    rank = jnp.arange(r)
-    do = jnp.isfinite(times) & (~any_blocked | (rank == 0))
-    out = jax.vmap(decode_boundary, in_axes=(None, None, 0, 0, 0, None))(inp, st, order, times, do, sh)
-    st = _apply_decode(st, out, times, sh)
-    retry = any_blocked & do[0] & out.any_finish[0]
-    pre = dataclasses.replace(st.prefill, next_t=jnp.where(retry & blocked, times[0], st.prefill.next_t))
+    do = jnp.isfinite(times) & (~any_blocked | (jnp.arange(r) == 0))
+    return st, DueBoundaries(instance=order, times=times, do=do, t_arrival=t_arrival)
+
+
+def _blocked(inp: ServingInputs, st: ServingState):
+    pre = st.prefill
+    return inp.layout.prefill_valid & ~pre.busy & (pre.pending > 0)
+
+
+def finish_step(inp: ServingInputs, st: ServingState, due: DueBoundaries, out: DecodeOutcome, sh: ServingShape):
+    """Write the decode boundaries' outcomes ``[R]``, then run the prefill event if nothing at or before it is left."""
+    ft = inp.requests.arrival.dtype
+    inf = jnp.asarray(jnp.inf, ft)
+    blocked = _blocked(inp, st)
+    st = _apply_decode(st, out, due.times, sh)
+    retry = jnp.any(blocked) & due.do[0] & out.any_finish[0]
+    pre = dataclasses.replace(st.prefill, next_t=jnp.where(retry & blocked, due.times[0], st.prefill.next_t))
     st = dataclasses.replace(st, prefill=pre)
-    # 3. the prefill event, when nothing at or before it is left
     p = jnp.argmin(pre.next_t).astype(jnp.int32)
     t_p = pre.next_t[p]
-    ready = jnp.isfinite(t_p) & (t_arrival > t_p) & (jnp.min(jnp.where(lay.decode_valid, st.decode.next_t, inf)) > t_p)
+    ready = jnp.isfinite(t_p) & (due.t_arrival > t_p) & (
+        jnp.min(jnp.where(inp.layout.decode_valid, st.decode.next_t, inf)) > t_p)
     return prefill_event(inp, st, p, t_p, ready, sh)
+
+
+def step(inp: ServingInputs, st: ServingState, sh: ServingShape) -> ServingState:
+    """Arrivals, parallel decode boundaries and one prefill event (see the module docstring)."""
+    st, due = due_boundaries(inp, st, sh)
+    out = jax.vmap(decode_boundary, in_axes=(None, None, 0, 0, 0, None))(inp, st, due.instance, due.times, due.do, sh)
+    return finish_step(inp, st, due, out, sh)
+
+
+class _LaneRows:
+    """One lane's rows of a batch's ``[G, ...]`` table, read without copying the lane's table."""
+
+    def __init__(self, table, lane):
+        self.table, self.lane = table, lane
+
+    @property
+    def shape(self):
+        return self.table.shape[1:]
+
+    @property
+    def dtype(self):
+        return self.table.dtype
+
+    def __getitem__(self, index):
+        return self.table[(self.lane,) + (index if isinstance(index, tuple) else (index,))]
+
+
+# A decode boundary reads its instance's rows of the larger tables (slots, queue, KV allocations)
+# and whole small ones.  Taken whole for each packed boundary, a large table would be copied.
+ROWS_FROM = 4096
+
+
+def _lane(x, lane):
+    """Lane ``lane``'s part of a batch's leaf ``x [G, ...]``: rows to read for large tables."""
+    return _LaneRows(x, lane) if x[0].size >= ROWS_FROM else x[lane]
+
+
+def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries, sh: ServingShape, capacity: int):
+    """Outcomes ``[G, R]`` of the due decode boundaries of a batch of lanes, computed ``capacity`` at a time.
+
+    About one boundary per lane is due in a step, and the step has room for ``R``; computing every
+    lane's ``R`` would mostly compute boundaries that are not due.  The due ones are packed and
+    computed in rounds of ``capacity`` (as many as needed; each boundary reads the state before
+    the step, so the rounds do not depend on each other), then put back at their lane and rank;
+    the others get :func:`idle_outcomes`, what a boundary that is not due gives.
+    """
+    G, R = due.do.shape
+    n = G * R
+    flat = due.do.reshape(-1)
+    rounds = -(-n // capacity)
+    rank = jnp.cumsum(flat, dtype=jnp.int32) - 1
+    packed = jnp.full(rounds * capacity, n, jnp.int32).at[jnp.where(flat, rank, n + capacity)].set(
+        jnp.arange(n, dtype=jnp.int32), mode="drop")                       # due (lane, rank) pairs, then n
+    count = jnp.sum(flat, dtype=jnp.int32)
+    instance, times = due.instance.reshape(-1), due.times.reshape(-1)
+
+    def boundary(k, valid):
+        lane_inp, lane_st = jax.tree_util.tree_map(lambda x: _lane(x, k // R), (inp, st))
+        return decode_boundary(lane_inp, lane_st, instance[k], times[k], valid, sh)
+
+    def one_round(carry):
+        r, outcomes = carry
+        k = jax.lax.dynamic_slice(packed, (r * capacity,), (capacity,))
+        out = jax.vmap(boundary)(jnp.minimum(k, n - 1), k < n)
+        return r + 1, jax.tree_util.tree_map(lambda a, o: a.at[k].set(o, mode="drop"), outcomes, out)
+
+    idle = idle_outcomes(n, sh, inp.traffic.link_capacity.shape[-1], inp.requests.arrival.dtype)
+    _, out = jax.lax.while_loop(lambda c: c[0] * capacity < count, one_round, (jnp.zeros((), jnp.int32), idle))
+    return jax.tree_util.tree_map(lambda a: a.reshape((G, R) + a.shape[1:]), out)
+
+
+def step_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, capacity: int) -> ServingState:
+    """:func:`step` of every lane of a batch ``[G]``, computing at most ``capacity`` decode boundaries
+    at a time (:func:`_packed_boundaries`); with room for every lane's, the plain vmapped step."""
+    G = inp.requests.count.shape[0]
+    if capacity >= G * min(sh.decode_parallel, sh.decode):
+        return jax.vmap(lambda x, s: step(x, s, sh))(inp, st)
+    st, due = jax.vmap(lambda x, s: due_boundaries(x, s, sh))(inp, st)
+    out = _packed_boundaries(inp, st, due, sh, capacity)
+    return jax.vmap(lambda x, s, d, o: finish_step(x, s, d, o, sh))(inp, st, due, out)
 
 
 def finished(inp: ServingInputs, st: ServingState):
@@ -115,11 +218,20 @@ def state_shapes(inp: ServingInputs, sh: ServingShape):
     return jax.eval_shape(jax.vmap(lambda x: initial_state(x, sh)), inp)
 
 
-def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, steps: int):
+# Decode boundaries computed at a time per lane of a batch (:func:`step_batch`): about one is due
+# per lane and step on the default exploration (docs/wsc_llm.md, "Performance").
+BOUNDARIES_PER_LANE = 1
+
+
+def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, steps: int,
+               capacity: int | None = None):
     """``steps`` scan steps of every design point of a batch, the lanes flagged in ``restart [G]``
-    starting from the initial state; returns the states and which are finished."""
+    starting from the initial state; returns the states and which are finished.  ``capacity``:
+    decode boundaries computed at a time (:func:`step_batch`; default ``BOUNDARIES_PER_LANE`` per lane)."""
     st = restart_lanes(inp, st, restart, sh)
-    stepper = jax.vmap(lambda x, s: step(x, s, sh))
+    if capacity is None:
+        capacity = BOUNDARIES_PER_LANE * inp.requests.count.shape[0]
+    stepper = partial(step_batch, sh=sh, capacity=capacity)
     st, _ = jax.lax.scan(lambda c, _: (stepper(inp, c), None), st, None, length=steps)
     return st, jax.vmap(finished)(inp, st)
 
@@ -142,4 +254,5 @@ def run_batch(sh: ServingShape, steps: int, mesh=None):
     return jax.jit(fn, donate_argnums=(1,))
 
 
-__all__ = ["step", "finished", "restart_lanes", "state_shapes", "scan_batch", "run_batch"]
+__all__ = ["DueBoundaries", "due_boundaries", "finish_step", "step", "step_batch", "BOUNDARIES_PER_LANE", "finished",
+           "restart_lanes", "state_shapes", "scan_batch", "run_batch"]
