@@ -19,6 +19,7 @@ events at equal times), with many events per step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import partial
 from typing import Any
 
@@ -121,7 +122,11 @@ def step(inp: ServingInputs, st: ServingState, sh: ServingShape) -> ServingState
 
 
 class _LaneRows:
-    """One lane's rows of a batch's ``[G, ...]`` table, read without copying the lane's table."""
+    """One lane's rows of a batch's ``[G, ...]`` table, read without copying the lane's table.
+
+    Only indexing is offered: code that used such a table whole would fail while tracing, not
+    copy it silently.
+    """
 
     def __init__(self, table, lane):
         self.table, self.lane = table, lane
@@ -145,7 +150,7 @@ ROWS_FROM = 4096
 
 def _lane(x, lane):
     """Lane ``lane``'s part of a batch's leaf ``x [G, ...]``: rows to read for large tables."""
-    return _LaneRows(x, lane) if x[0].size >= ROWS_FROM else x[lane]
+    return _LaneRows(x, lane) if math.prod(x.shape[1:]) >= ROWS_FROM else x[lane]
 
 
 def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries, sh: ServingShape, capacity: int):
