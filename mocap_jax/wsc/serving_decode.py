@@ -55,19 +55,10 @@ class DecodeOutcome:
     dram_demand: Array         # [D] demand of its running iteration (contention)
 
 
-def idle_outcomes(n: int, sh: ServingShape, links: int, ft) -> DecodeOutcome:
-    """``n`` outcomes ``[n]`` of boundaries that are not due: what :func:`decode_boundary` gives with
-    ``do`` false wherever the step reads it (instance ``Q`` and request ``N``: no row is written)."""
-    i32 = jnp.int32
-    zeros = lambda *shape, dtype=ft: jnp.zeros((n,) + shape, dtype)
-    B, D = sh.slots, sh.dies
-    return DecodeOutcome(
-        instance=jnp.full(n, sh.decode, i32), slot_request=zeros(B, dtype=i32), slot_generated=zeros(B),
-        slot_prompt=zeros(B), slot_output=zeros(B), head=zeros(dtype=i32), continuing=zeros(dtype=bool),
-        next_t=zeros(), leap_ends=zeros(max(sh.leap, 1)), leap_count=zeros(dtype=i32), remote_context=zeros(D),
-        remote_growth=zeros(D), load_change=zeros(dtype=i32), finished=jnp.full((n, sh.admit), sh.requests, i32),
-        freed=zeros(D), kv_area=zeros(), any_finish=zeros(dtype=bool), leaped=zeros(dtype=i32),
-        link_demand=zeros(links), dram_demand=zeros(D))
+def idle_value(field: str, sh: ServingShape):
+    """What :func:`decode_boundary` gives in ``field`` of its outcome for a boundary that is not due,
+    wherever the step reads it: instance ``Q`` and requests ``N`` (no row is written), zero elsewhere."""
+    return {"instance": sh.decode, "finished": sh.requests}.get(field, 0)
 
 
 def _table_remote_times(inp: ServingInputs, q, context, growth, steps):
@@ -247,4 +238,4 @@ def decode_boundary(inp: ServingInputs, st: ServingState, q, t, do, sh: ServingS
         leaped=jnp.where(do, k, 0), link_demand=link_demand, dram_demand=dram_demand)
 
 
-__all__ = ["DecodeOutcome", "idle_outcomes", "decode_boundary"]
+__all__ = ["DecodeOutcome", "idle_value", "decode_boundary"]

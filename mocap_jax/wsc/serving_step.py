@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from . import traffic as tf
 from ..costs import pytree
-from .serving_decode import DecodeOutcome, decode_boundary, idle_outcomes
+from .serving_decode import DecodeOutcome, decode_boundary, idle_value
 from .serving_inputs import ServingInputs, ServingShape
 from .serving_prefill import arrivals, prefill_event
 from .serving_state import ServingState, initial_state
@@ -143,58 +143,73 @@ class _LaneRows:
         return self.table[(self.lane,) + (index if isinstance(index, tuple) else (index,))]
 
 
-# A decode boundary reads its instance's rows of the larger tables (slots, queue, KV allocations)
-# and whole small ones.  Taken whole for each packed boundary, a large table would be copied.
-ROWS_FROM = 4096
+def _lane_view(inp: ServingInputs, st: ServingState, lane):
+    """What a decode boundary reads of lane ``lane`` of a batch: the tables with a row per decode
+    instance or per request (the state's decode and request tables, the requests, and the ``decode_*``
+    and ``read_*`` inputs) as rows (:class:`_LaneRows`), the rest (scalars, per-die and per-link
+    vectors, the transfers in flight) whole."""
+    whole = lambda tree: jax.tree_util.tree_map(lambda x: x[lane], tree)
+    rows = lambda tree: jax.tree_util.tree_map(lambda x: _LaneRows(x, lane), tree)
 
+    def by_name(tree):
+        pick = lambda name: name.startswith(("decode_", "read_"))
+        return dataclasses.replace(tree, **{f.name: (rows if pick(f.name) else whole)(getattr(tree, f.name))
+                                            for f in dataclasses.fields(tree)})
 
-def _lane(x, lane):
-    """Lane ``lane``'s part of a batch's leaf ``x [G, ...]``: rows to read for large tables."""
-    return _LaneRows(x, lane) if math.prod(x.shape[1:]) >= ROWS_FROM else x[lane]
+    lane_inp = dataclasses.replace(whole(inp), requests=rows(inp.requests), layout=by_name(inp.layout),
+                                   traffic=by_name(inp.traffic))
+    lane_st = dataclasses.replace(whole(st), decode=rows(st.decode), requests=rows(st.requests),
+                                  traffic=by_name(st.traffic))
+    return lane_inp, lane_st
 
 
 def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries, sh: ServingShape, capacity: int):
-    """Outcomes ``[G, R]`` of the due decode boundaries of a batch of lanes, computed ``capacity`` at a time.
+    """The first ``capacity`` due decode boundaries of a batch of lanes, ranks first: which are
+    processed ``[G, R]`` and their outcomes ``[G, R]`` (:func:`~mocap_jax.wsc.serving_decode.idle_value`
+    for the rest).
 
-    About one boundary per lane is due in a step, and the step has room for ``R``; computing every
-    lane's ``R`` would mostly compute boundaries that are not due.  The due ones are packed and
-    computed in rounds of ``capacity`` (as many as needed; each boundary reads the state before
-    the step, so the rounds do not depend on each other), then put back at their lane and rank;
-    the others get :func:`idle_outcomes`, what a boundary that is not due gives.
+    About one boundary per lane is due in a step, and the step has room for ``R``: computing every
+    lane's ``R`` would mostly compute boundaries that are not due.  The due ones are packed, every
+    lane's earliest before any lane's second, and the first ``capacity`` computed.  A due boundary
+    left over waits for the next step, as one past the ``R``-th does: decode boundaries commute and
+    do not interact with arrivals, and the prefill event waits for every boundary at or before it.
     """
     G, R = due.do.shape
     n = G * R
-    flat = due.do.reshape(-1)
-    rounds = -(-n // capacity)
-    rank = jnp.cumsum(flat, dtype=jnp.int32) - 1
-    packed = jnp.full(rounds * capacity, n, jnp.int32).at[jnp.where(flat, rank, n + capacity)].set(
-        jnp.arange(n, dtype=jnp.int32), mode="drop")                       # due (lane, rank) pairs, then n
-    count = jnp.sum(flat, dtype=jnp.int32)
-    instance, times = due.instance.reshape(-1), due.times.reshape(-1)
+    flat = due.do.T.reshape(-1)                                              # [R * G], rank-major
+    place = jnp.cumsum(flat, dtype=jnp.int32) - 1
+    packed = jnp.full(capacity, n, jnp.int32).at[jnp.where(flat, place, capacity)].set(
+        jnp.arange(n, dtype=jnp.int32), mode="drop")                         # rank * G + lane; n: none
+    instance, times = due.instance.T.reshape(-1), due.times.T.reshape(-1)
 
     def boundary(k, valid):
-        lane_inp, lane_st = jax.tree_util.tree_map(lambda x: _lane(x, k // R), (inp, st))
+        lane_inp, lane_st = _lane_view(inp, st, k % G)
         return decode_boundary(lane_inp, lane_st, instance[k], times[k], valid, sh)
 
-    def one_round(carry):
-        r, outcomes = carry
-        k = jax.lax.dynamic_slice(packed, (r * capacity,), (capacity,))
-        out = jax.vmap(boundary)(jnp.minimum(k, n - 1), k < n)
-        return r + 1, jax.tree_util.tree_map(lambda a, o: a.at[k].set(o, mode="drop"), outcomes, out)
+    out = jax.vmap(boundary)(jnp.minimum(packed, n - 1), packed < n)
+    done = flat & (place < capacity)
+    at = jnp.where(done, place, 0)
 
-    idle = idle_outcomes(n, sh, inp.traffic.link_capacity.shape[-1], inp.requests.arrival.dtype)
-    _, out = jax.lax.while_loop(lambda c: c[0] * capacity < count, one_round, (jnp.zeros((), jnp.int32), idle))
-    return jax.tree_util.tree_map(lambda a: a.reshape((G, R) + a.shape[1:]), out)
+    def spread(name, o):
+        mask = done.reshape((n,) + (1,) * (o.ndim - 1))
+        return jnp.where(mask, o[at], jnp.asarray(idle_value(name, sh), o.dtype))
+
+    out = DecodeOutcome(**{f.name: spread(f.name, getattr(out, f.name)) for f in dataclasses.fields(DecodeOutcome)})
+    lanes_first = lambda a: jnp.swapaxes(a.reshape((R, G) + a.shape[1:]), 0, 1)
+    return lanes_first(done), jax.tree_util.tree_map(lanes_first, out)
 
 
 def step_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, capacity: int) -> ServingState:
     """:func:`step` of every lane of a batch ``[G]``, computing at most ``capacity`` decode boundaries
-    at a time (:func:`_packed_boundaries`); with room for every lane's, the plain vmapped step."""
+    (:func:`_packed_boundaries`; at least ``G``, so that every lane's earliest due boundary is
+    processed in every step); with room for every lane's, the plain vmapped step."""
     G = inp.requests.count.shape[0]
+    capacity = max(capacity, G)
     if capacity >= G * min(sh.decode_parallel, sh.decode):
         return jax.vmap(lambda x, s: step(x, s, sh))(inp, st)
     st, due = jax.vmap(lambda x, s: due_boundaries(x, s, sh))(inp, st)
-    out = _packed_boundaries(inp, st, due, sh, capacity)
+    do, out = _packed_boundaries(inp, st, due, sh, capacity)
+    due = dataclasses.replace(due, do=do)
     return jax.vmap(lambda x, s, d, o: finish_step(x, s, d, o, sh))(inp, st, due, out)
 
 
@@ -223,9 +238,9 @@ def state_shapes(inp: ServingInputs, sh: ServingShape):
     return jax.eval_shape(jax.vmap(lambda x: initial_state(x, sh)), inp)
 
 
-# Decode boundaries computed at a time per lane of a batch (:func:`step_batch`): about one is due
-# per lane and step on the default exploration (docs/wsc_llm.md, "Performance").
-BOUNDARIES_PER_LANE = 1
+# Decode boundaries computed per lane of a batch and step (:func:`step_batch`): about one is due
+# per lane and step on the default exploration, a few more now and then (docs/wsc_llm.md, "Performance").
+BOUNDARIES_PER_LANE = 1.25
 
 
 def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, steps: int,
@@ -235,7 +250,7 @@ def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, 
     decode boundaries computed at a time (:func:`step_batch`; default ``BOUNDARIES_PER_LANE`` per lane)."""
     st = restart_lanes(inp, st, restart, sh)
     if capacity is None:
-        capacity = BOUNDARIES_PER_LANE * inp.requests.count.shape[0]
+        capacity = math.ceil(BOUNDARIES_PER_LANE * inp.requests.count.shape[0])
     stepper = partial(step_batch, sh=sh, capacity=capacity)
     st, _ = jax.lax.scan(lambda c, _: (stepper(inp, c), None), st, None, length=steps)
     return st, jax.vmap(finished)(inp, st)
