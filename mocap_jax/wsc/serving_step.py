@@ -176,14 +176,15 @@ def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries,
     """
     G, R = due.do.shape
     n = G * R
-    flat = due.do.T.reshape(-1)                                              # [R * G], rank-major
-    place = jnp.cumsum(flat, dtype=jnp.int32) - 1
+    # places in rank-major order (every lane's earliest first), kept in the lanes' [G, R] layout
+    place = (jnp.cumsum(due.do.T.reshape(-1), dtype=jnp.int32) - 1).reshape(R, G).T.reshape(-1)
+    flat = due.do.reshape(-1)                                                # lane * R + rank
     packed = jnp.full(capacity, n, jnp.int32).at[jnp.where(flat, place, capacity)].set(
-        jnp.arange(n, dtype=jnp.int32), mode="drop")                         # rank * G + lane; n: none
-    instance, times = due.instance.T.reshape(-1), due.times.T.reshape(-1)
+        jnp.arange(n, dtype=jnp.int32), mode="drop")                         # n: none
+    instance, times = due.instance.reshape(-1), due.times.reshape(-1)
 
     def boundary(k, valid):
-        lane_inp, lane_st = _lane_view(inp, st, k % G)
+        lane_inp, lane_st = _lane_view(inp, st, k // R)
         return decode_boundary(lane_inp, lane_st, instance[k], times[k], valid, sh)
 
     out = jax.vmap(boundary)(jnp.minimum(packed, n - 1), packed < n)
@@ -192,11 +193,11 @@ def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries,
 
     def spread(name, o):
         mask = done.reshape((n,) + (1,) * (o.ndim - 1))
-        return jnp.where(mask, o[at], jnp.asarray(idle_value(name, sh), o.dtype))
+        o = jnp.where(mask, o[at], jnp.asarray(idle_value(name, sh), o.dtype))
+        return o.reshape((G, R) + o.shape[1:])
 
     out = DecodeOutcome(**{f.name: spread(f.name, getattr(out, f.name)) for f in dataclasses.fields(DecodeOutcome)})
-    lanes_first = lambda a: jnp.swapaxes(a.reshape((R, G) + a.shape[1:]), 0, 1)
-    return lanes_first(done), jax.tree_util.tree_map(lanes_first, out)
+    return done.reshape(G, R), out
 
 
 def step_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, capacity: int) -> ServingState:
