@@ -13,7 +13,10 @@ processes, in this order:
 3. the next prefill event, if every arrival and decode boundary at or before it is done.
 
 The result is the contract's total order (decode boundaries, then arrivals, then prefill
-events at equal times), with many events per step.
+events at equal times), with many events per step.  A batch's step (:func:`step_batch`) computes
+only the decode boundaries that are due, packed over its lanes, at most ``BOUNDARIES_PER_LANE``
+per lane on average; one left over waits for the next step, as one past the ``decode_parallel``-th
+does, which leaves that order as it is.
 """
 
 from __future__ import annotations
