@@ -97,6 +97,7 @@ def due_boundaries(inp: ServingInputs, st: ServingState, sh: ServingShape):
 
 
 def _blocked(inp: ServingInputs, st: ServingState):
+    """``[P]``: prefill instances idle with prefilled requests waiting for memory."""
     pre = st.prefill
     return inp.layout.prefill_valid & ~pre.busy & (pre.pending > 0)
 
@@ -251,7 +252,7 @@ def scan_batch(inp: ServingInputs, st: ServingState, restart, sh: ServingShape, 
                capacity: int | None = None):
     """``steps`` scan steps of every design point of a batch, the lanes flagged in ``restart [G]``
     starting from the initial state; returns the states and which are finished.  ``capacity``:
-    decode boundaries computed at a time (:func:`step_batch`; default ``BOUNDARIES_PER_LANE`` per lane)."""
+    decode boundaries computed per step (:func:`step_batch`; default ``BOUNDARIES_PER_LANE`` per lane)."""
     st = restart_lanes(inp, st, restart, sh)
     if capacity is None:
         capacity = math.ceil(BOUNDARIES_PER_LANE * inp.requests.count.shape[0])
