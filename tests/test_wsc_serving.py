@@ -230,7 +230,7 @@ def test_sort_free_greedy_rule_equals_the_memory_scheduler():
 
 
 def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
-    """Three lanes scanned 800 steps computing at most three, four or six of their due decode
+    """Three lanes scanned 800 steps computing at most three or five of their due decode
     boundaries per step (the rest waiting for the next step) finish the same requests at the same
     times as the plain vmapped step computing every lane's: every decision, count and time equal."""
     from mocap_jax.wsc import serving_step as ss
@@ -248,7 +248,7 @@ def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
     plain, plain_done = run(3 * R)
     assert np.all(plain_done)
     rs = plain.requests
-    for capacity in (1, 4, 6):                  # 1: as many as lanes, each lane's earliest
+    for capacity in (1, 5):                     # 1: as many as lanes, each lane's earliest
         packed, done = run(capacity)
         assert np.all(done)
         for name in ("first_token_t", "finish_t", "ready_t", "placed_t", "allocation"):
