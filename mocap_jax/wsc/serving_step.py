@@ -74,6 +74,7 @@ class DueBoundaries:
     times: Array               # [R] s, their event times
     do: Array                  # [R] bool, processed this step
     t_arrival: Array           # [] s, the next arrival (inf if none)
+    blocked: Array             # [P] bool, prefill instances idle with prefilled requests waiting for memory
 
 
 def due_boundaries(inp: ServingInputs, st: ServingState, sh: ServingShape):
@@ -87,29 +88,23 @@ def due_boundaries(inp: ServingInputs, st: ServingState, sh: ServingShape):
     i = jnp.clip(st.requests.next_arrival, 0, sh.requests - 1)
     t_arrival = jnp.where(st.requests.next_arrival < req.count, req.arrival[i], inf)
     horizon = jnp.minimum(t_prefill, t_arrival)
-    any_blocked = jnp.any(_blocked(inp, st))
+    blocked = lay.prefill_valid & ~pre.busy & (pre.pending > 0)
+    any_blocked = jnp.any(blocked)
     due = jnp.where(lay.decode_valid & (dec.next_t <= horizon), dec.next_t, inf)
     r = min(sh.decode_parallel, sh.decode)
     order = jnp.argsort(due)[:r].astype(jnp.int32)
     times = due[order]
     do = jnp.isfinite(times) & (~any_blocked | (jnp.arange(r) == 0))
-    return st, DueBoundaries(instance=order, times=times, do=do, t_arrival=t_arrival)
-
-
-def _blocked(inp: ServingInputs, st: ServingState):
-    """``[P]``: prefill instances idle with prefilled requests waiting for memory."""
-    pre = st.prefill
-    return inp.layout.prefill_valid & ~pre.busy & (pre.pending > 0)
+    return st, DueBoundaries(instance=order, times=times, do=do, t_arrival=t_arrival, blocked=blocked)
 
 
 def finish_step(inp: ServingInputs, st: ServingState, due: DueBoundaries, out: DecodeOutcome, sh: ServingShape):
     """Write the decode boundaries' outcomes ``[R]``, then run the prefill event if nothing at or before it is left."""
     ft = inp.requests.arrival.dtype
     inf = jnp.asarray(jnp.inf, ft)
-    blocked = _blocked(inp, st)
     st = _apply_decode(st, out, due.times, sh)
-    retry = jnp.any(blocked) & due.do[0] & out.any_finish[0]
-    pre = dataclasses.replace(st.prefill, next_t=jnp.where(retry & blocked, due.times[0], st.prefill.next_t))
+    retry = jnp.any(due.blocked) & due.do[0] & out.any_finish[0]
+    pre = dataclasses.replace(st.prefill, next_t=jnp.where(retry & due.blocked, due.times[0], st.prefill.next_t))
     st = dataclasses.replace(st, prefill=pre)
     p = jnp.argmin(pre.next_t).astype(jnp.int32)
     t_p = pre.next_t[p]
