@@ -266,3 +266,34 @@ def test_blocks_sharded_over_the_devices_equal_one_device(monkeypatch, scheme):
         assert (one["spilled_bytes_per_stage"].sum(1) > 0).any() and (one["spilled_bytes_per_stage"].sum(1) == 0).any()
     for k in kw["fields"]:
         np.testing.assert_allclose(sharded[k], one[k], rtol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("scheme,pairing,spill,batches", [
+    ("terapipe", "cross-half", "overflow", 1), ("mbkr", "cross-half", "overflow", 1), ("mbkr", "cross-half", "eager", 2),
+    ("mbkr", "dynamic", "eager", 2)])
+def test_values_computed_once_leave_every_evaluation_field_unchanged(scheme, pairing, spill, batches):
+    """The evaluator compiled to keep its stored values (``COMPILER_OPTIONS``) against the same program
+    with XLA's defaults (which drop the marks and fuse as before), for one configuration and vmapped
+    over several.  Four stages and one batch give spill loops small enough that XLA:CPU would emit
+    them as single kernels, which cannot hold a kept value (its emitter aborts): the options keep
+    such loops as they are."""
+    from mocap_jax.api.config import resolve
+    from mocap_jax.costs.computed_once import COMPILER_OPTIONS
+    from mocap_jax.prefill.evaluate import evaluate
+
+    limit = 43 if batches == 1 else 27                     # the largest batch that fits without MBKR
+    cfgs = [resolve("llama3-70b", "mocap-4x4", 32768, scheme, chunks=8, stages=4, batch=b, num_batches=batches,
+                    release="request", pairing=pairing, spill=spill) for b in (10, limit + 3, limit + 6)]
+    shape = cfgs[0].shape()
+    points = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[c.point() for c in cfgs])
+    one = lambda opts: jax.jit(evaluate, static_argnums=1, compiler_options=opts)
+    many = lambda opts: jax.jit(jax.vmap(evaluate, in_axes=(0, None)), static_argnums=1, compiler_options=opts)
+    kept = one(COMPILER_OPTIONS).lower(cfgs[1].point(), shape).compile().as_text()
+    assert "opt-barrier" in kept                      # the marks survive compilation
+    pairs = [(one(None)(cfgs[1].point(), shape), one(COMPILER_OPTIONS)(cfgs[1].point(), shape)),
+             (many(None)(points, shape), many(COMPILER_OPTIONS)(points, shape))]
+    for fused, stored in pairs:
+        assert bool(np.any(np.asarray(stored.spilled_bytes_per_stage) > 0)) == (scheme == "mbkr")
+        for name in fused.__dataclass_fields__:
+            np.testing.assert_allclose(np.asarray(getattr(stored, name)), np.asarray(getattr(fused, name)),
+                                       rtol=2e-6, err_msg=name)

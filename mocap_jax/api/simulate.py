@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..costs.computed_once import COMPILER_OPTIONS
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.batch import check_honest
 from ..prefill.evaluate import Structure, evaluate
@@ -18,7 +19,7 @@ from ..schedule.shape import MBKRMode, SimShape
 from ..specs import LIMITS, checks
 from .config import Config, resolve
 
-_evaluate_one = jax.jit(evaluate, static_argnums=1)
+_evaluate_one = jax.jit(evaluate, static_argnums=1, compiler_options=COMPILER_OPTIONS)
 
 #: default largest batch of ``batch="auto"`` searches
 DEFAULT_MAX_BATCH = 1024

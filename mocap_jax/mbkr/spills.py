@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..costs import pytree
+from ..costs.computed_once import computed_once
 from ..schedule.prefix import count_sorted
 from ..schedule.shape import Spill
 
@@ -229,6 +230,7 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
         moved, over = decide(this(local_a, local_b), kv_e, act_e, this(budget[0], budget[1]),
                              this(local_b, local_a), act_other, this(budget[1], budget[0]), ok, p1, p2, spill)
         moved = jnp.where(starting, moved, 0.0)
+        moved, over = computed_once((moved, over))       # read by every ledger, peak and flag update
         # a start adds the item's kept and moved KV to its group on the event's side; a release frees the group
         def keep(mine, parts, add):
             return tuple(jnp.where(mine & (g == k), jnp.where(starting, v + add, 0.0), v)

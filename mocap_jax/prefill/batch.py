@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from ..costs.computed_once import COMPILER_OPTIONS
 from ..schedule.shape import MBKRMode, SimShape, Spill, bucket
 from .evaluate import Evaluation, Point, evaluate
 
@@ -220,13 +221,13 @@ def _program(shape: SimShape, fields: tuple, axes_leaves: tuple, treedef, device
     fn = functools.partial(evaluate_steps, treedef=treedef, axes_leaves=axes_leaves, shape=shape, fields=fields,
                            step=step)
     if len(devices) == 1:
-        return jax.jit(fn), None, None
+        return jax.jit(fn, compiler_options=COMPILER_OPTIONS), None, None
     mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
     rows = NamedSharding(mesh, PartitionSpec("points"))
     shared = NamedSharding(mesh, PartitionSpec())
     mapped = jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec("points"), PartitionSpec()),
                            out_specs=PartitionSpec("points"), check_vma=False)
-    return jax.jit(mapped), rows, shared
+    return jax.jit(mapped, compiler_options=COMPILER_OPTIONS), rows, shared
 
 
 def batch_axes(points: Point, batched_leaf) -> Point:

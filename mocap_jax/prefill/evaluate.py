@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from .. import costs
 from ..costs import HardwareParams, ModelParams, StageLayout, pytree
+from ..costs.computed_once import computed_once
 from ..mbkr.costs import spill_costs
 from ..mbkr.pairing import MBKRParams, partner_of
 from ..mbkr.spills import FIT_TOLERANCE, Stages, dynamic_spills, pair_spills, touched_stages
@@ -176,6 +177,9 @@ class Structure:
                                                                      tensor_parallel=layout.tensor_parallel), 0.0)
         self.usable = hw.usable_hbm
         self.requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)
+        # every pass reads these tables, in more than one layout
+        self.t, self.d, self.kv, self.activation, self.attention = computed_once(
+            (self.t, self.d, self.kv, self.activation, self.attention))
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))
         self.valid = tile(it.valid)
         self.t_all, self.d_all, self.kv_all, self.act_all, self.att_all = (

@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from ..costs import pytree
+from ..costs.computed_once import COMPILER_OPTIONS
 
 Array = Any
 
@@ -188,7 +189,7 @@ def _programs(problem, devices: tuple, steps_per_call: int = 1):
         return jax.lax.fori_loop(0, count, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
 
     if len(devices) == 1:
-        return jax.jit(fn, donate_argnums=(0,)), None, None
+        return jax.jit(fn, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS), None, None
     mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
     rows, shared = PartitionSpec("chains"), PartitionSpec()
     chain_spec = Chains(x=rows, value=rows, best=rows, best_value=rows, accepted=rows, aux=rows, index=rows,
@@ -197,7 +198,7 @@ def _programs(problem, devices: tuple, steps_per_call: int = 1):
                             out_specs=chain_spec, check_vma=False)
     place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
                                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-    return jax.jit(stepped, donate_argnums=(0,)), place_rows, NamedSharding(mesh, shared)
+    return jax.jit(stepped, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS), place_rows, NamedSharding(mesh, shared)
 
 
 class _Run(NamedTuple):

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..api.config import ADMISSION_MODES, RELEASE_POLICIES, searched_placement
 from ..costs import HardwareParams, ModelParams
+from ..costs.computed_once import COMPILER_OPTIONS, compiler_options
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP, PAIRINGS, MBKRParams
 from ..partition.objectives import OBJECTIVES
 from ..prefill.batch import evaluate_vmapped, in_steps, plain_shape, spills_needed
@@ -312,7 +313,7 @@ class Evaluator:
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        opts = {"xla_disable_hlo_passes": "algsimp"} if self.exact else None
+        opts = compiler_options("algsimp") if self.exact else COMPILER_OPTIONS
         compiled = _program(shape, sshape, micro, self.mesh).lower(*args).compile(compiler_options=opts)
         self.compiles += 1
         self.compile_s += time.perf_counter() - t0
