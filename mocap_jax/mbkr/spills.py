@@ -194,6 +194,8 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
     release = jnp.where(okv[:, None], st.release[:, sides].T, inf)                       # [2, G]
     budget = jnp.where(okv, st.budget[sides], 1.0)
     weights = st.weights[sides]
+    # the counts below compare every element with every other: gathered once, not per compare
+    start, finish, kv, act, release = computed_once((start, finish, kv, act, release))
 
     # processing order: time, then releases before starts, then side a before b, then index; each
     # sequence is sorted (a stage starts its items and releases its groups in order), so counting merges them
