@@ -269,8 +269,8 @@ def test_blocks_sharded_over_the_devices_equal_one_device(monkeypatch, scheme):
 
 
 @pytest.mark.parametrize("scheme,pairing,spill,batches", [
-    ("terapipe", "cross-half", "overflow", 1), ("mbkr", "cross-half", "overflow", 1), ("mbkr", "cross-half", "eager", 2),
-    ("mbkr", "dynamic", "eager", 2)])
+    ("terapipe", "cross-half", "overflow", 1), ("mbkr", "cross-half", "overflow", 1),
+    ("mbkr", "cross-half", "eager", 2), ("mbkr", "dynamic", "eager", 2)])
 def test_values_computed_once_leave_every_evaluation_field_unchanged(scheme, pairing, spill, batches):
     """The evaluator compiled to keep its stored values (``COMPILER_OPTIONS``) against the same program
     with XLA's defaults (which drop the marks and fuse as before), for one configuration and vmapped

@@ -198,7 +198,8 @@ def _programs(problem, devices: tuple, steps_per_call: int = 1):
                             out_specs=chain_spec, check_vma=False)
     place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
                                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-    return jax.jit(stepped, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS), place_rows, NamedSharding(mesh, shared)
+    program = jax.jit(stepped, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS)
+    return program, place_rows, NamedSharding(mesh, shared)
 
 
 class _Run(NamedTuple):
