@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .output import _FEASIBLE, COLUMNS, PartWriter
+from .output import COLUMNS, FEASIBLE_COLUMN, PartWriter
 
 
 def assemble(results: Path, parts: list[list[Path]], writer: PartWriter | None = None) -> int:
@@ -125,9 +125,9 @@ def _count_feasible(text: bytes, lines: list[str]) -> int:
     commas = np.flatnonzero(buf == ord(","))
     per = len(COLUMNS) - 1
     if b'"' in text or len(commas) != per * len(lines):
-        return sum(next(csv.reader([x]))[_FEASIBLE] == "true" for x in lines)
+        return sum(next(csv.reader([x]))[FEASIBLE_COLUMN] == "true" for x in lines)
     # the cell is followed by more columns, so its five bytes lie inside the text
-    at = commas.reshape(len(lines), per)[:, _FEASIBLE - 1] + 1
+    at = commas.reshape(len(lines), per)[:, FEASIBLE_COLUMN - 1] + 1
     cell = buf[at[:, None] + np.arange(5)]
     return int(np.sum(np.all(cell == np.frombuffer(b"true,", np.uint8), axis=1)))
 

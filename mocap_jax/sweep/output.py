@@ -44,7 +44,8 @@ RESOLVED_INPUTS = ("model", "hardware", "rows", "cols", "wafers", "stages") + DI
 PROVENANCE_COLUMNS = ("mocap_jax_version", "config_hash", "device_kind", "devices", "bucket")
 COLUMNS = ("point_id",) + INPUT_COLUMNS + OUTPUT_COLUMNS + PROVENANCE_COLUMNS
 assert len(set(COLUMNS)) == len(COLUMNS)
-_FEASIBLE = COLUMNS.index("feasible")
+#: position of the ``feasible`` column in a results row
+FEASIBLE_COLUMN = COLUMNS.index("feasible")
 
 # Parquet column types ("sim": the run's float dtype)
 _STRINGS = {"scheme", "model", "hardware", "placement", "release", "admission", "pairing", "arrivals", "objective",

@@ -63,6 +63,11 @@ class ServingShape:
     transfers: int = 8
     route_entries: int = 8
 
+    @property
+    def boundaries(self) -> int:
+        """R: decode boundaries a scan step of one lane can process (``decode_parallel``, at most ``Q``)."""
+        return min(self.decode_parallel, self.decode)
+
 
 @pytree
 class CostInputs:

@@ -91,7 +91,7 @@ def due_boundaries(inp: ServingInputs, st: ServingState, sh: ServingShape):
     blocked = lay.prefill_valid & ~pre.busy & (pre.pending > 0)
     any_blocked = jnp.any(blocked)
     due = jnp.where(lay.decode_valid & (dec.next_t <= horizon), dec.next_t, inf)
-    r = min(sh.decode_parallel, sh.decode)
+    r = sh.boundaries
     order = jnp.argsort(due)[:r].astype(jnp.int32)
     times = due[order]
     do = jnp.isfinite(times) & (~any_blocked | (jnp.arange(r) == 0))
@@ -205,7 +205,7 @@ def step_batch(inp: ServingInputs, st: ServingState, sh: ServingShape, capacity:
     processed in every step); with room for every lane's, the plain vmapped step."""
     G = inp.requests.count.shape[0]
     capacity = max(capacity, G)
-    if capacity >= G * min(sh.decode_parallel, sh.decode):
+    if capacity >= G * sh.boundaries:
         return jax.vmap(lambda x, s: step(x, s, sh))(inp, st)
     st, due = jax.vmap(lambda x, s: due_boundaries(x, s, sh))(inp, st)
     do, out = _packed_boundaries(inp, st, due, sh, capacity)
