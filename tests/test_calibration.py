@@ -188,7 +188,7 @@ def test_small_calibration_meets_mape_target(small_report):
     for name in ("eff_gemm", "eff_attention", "eff_hbm"):
         assert 0 < f[name] <= 1
     assert f["layer_overhead_s"] >= 0
-    assert report["device"] and report["grid"]["chunk_sizes"] and report["wall_s"] > 0
+    assert report["device"] and report["grid"]["chunk_sizes"]
     # the report's MAPE is the one its records give
     test = [r for r in report["records"] if r["split"] == "test"]
     recomputed = 100 * np.mean([abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in test])
