@@ -10,6 +10,8 @@ from mocap_jax import costs
 from mocap_jax.api import resolve, simulate
 from mocap_jax.costs import HardwareParams, ModelParams, StageLayout
 from mocap_jax.prefill.evaluate import timeline
+from mocap_jax.schedule import memory
+from mocap_jax.schedule.shape import Release
 from mocap_jax.schedule.items import chunked_items, gpipe_items, item_table, pad_items, uniform_partition
 from mocap_jax.schedule.recurrence import finish_times, pipeline_latency, wavefront
 from mocap_jax.schedule.shape import Admission, SimShape
@@ -165,6 +167,41 @@ def test_peak_memory_is_resolved_in_time_without_double_counting():
         want = max(r.weight_bytes_per_stage[s] + 2 * (part[:k + 1].sum()) * kv_tok + acts[k] for k in range(3))
         assert r.peak_mem_bytes_per_stage[s] == pytest.approx(want, rel=1e-12)
         assert r.kv_peak_bytes_per_stage[s] == pytest.approx(2 * part.sum() * kv_tok, rel=1e-12)
+
+
+def _held_oracle(start, kv, group, release, policy):
+    """KV of the earlier items each stage still holds when item k starts, by the definition: an
+    earlier item's KV is held unless its group's release (``stage``: the same group only) is at or
+    before that start."""
+    E, N = start.shape
+    held = np.zeros((E, N))
+    for k in range(E):
+        for s in range(N):
+            for j in range(k):
+                if policy == Release.STAGE:
+                    held[k, s] += kv[j, s] * (group[j] == group[k])
+                else:
+                    held[k, s] += kv[j, s] * (release[group[j], s] > start[k, s])
+    return held
+
+
+@pytest.mark.parametrize("groups", [5, 80])          # 80 > 64: the counting path
+@pytest.mark.parametrize("policy", [Release.REQUEST, Release.STAGE])
+def test_held_kv_before_each_start_against_its_definition(groups, policy):
+    rng = np.random.default_rng(groups)
+    E, N = 2 * groups + 3, 4
+    group = np.sort(np.concatenate([np.arange(groups), rng.integers(0, groups, E - groups)]))
+    ends = np.array([np.flatnonzero(group == g)[-1] for g in range(groups)], np.int32)
+    first = np.array([np.flatnonzero(group == group[k])[0] for k in range(E)], np.int32)
+    tokens = rng.integers(1, 5000, E).astype(np.float64)
+    per_token = rng.uniform(1e3, 1e5, N)
+    start = np.sort(rng.uniform(0, 10, (E, N)), axis=0)
+    # a group is released after its last item started there, and groups are released in order
+    release = np.maximum.accumulate(start[ends] + rng.uniform(0.01, 3, (groups, N)), axis=0)
+    got = memory.held_before_start(jnp.asarray(start), jnp.asarray(tokens), jnp.asarray(per_token),
+                                   jnp.asarray(ends), jnp.asarray(release), jnp.asarray(first), policy)
+    want = _held_oracle(start, tokens[:, None] * per_token[None, :], group, release, policy)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-3)
 
 
 def test_request_release_holds_the_previous_batch_while_the_next_starts():

@@ -169,8 +169,9 @@ class Structure:
         valid = it.valid[:, None]
         self.t = jnp.where(valid, costs.stage_times(model, hw, layout, c, p, b, it.last, N), 0.0)
         self.d = jnp.where(valid, costs.handoff_time(model, hw, layout, c, b, N), 0.0)
-        kv_tok = costs.stage_kv_bytes_per_token(model, hw, self.n, N, tensor_parallel=layout.tensor_parallel)
-        self.kv = jnp.where(valid, (b * c)[:, None] * kv_tok[None, :], 0.0)
+        self.kv_per_token = costs.stage_kv_bytes_per_token(model, hw, self.n, N, tensor_parallel=layout.tensor_parallel)
+        self.kv_tokens = jnp.where(it.valid, b * c, 0.0)
+        self.kv = self.kv_tokens[:, None] * self.kv_per_token[None, :]
         self.activation = jnp.where(valid, costs.item_activation_bytes(model, hw, layout, c, b, it.last, N), 0.0)
         self.attention = jnp.where(valid, costs.stage_attention_times(model, hw, layout, c, p, b, N), 0.0)
         self.weights = jnp.where(self.live, costs.stage_weight_bytes(model, hw, self.n, N,
@@ -182,6 +183,7 @@ class Structure:
             (self.t, self.d, self.kv, self.activation, self.attention))
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))
         self.valid = tile(it.valid)
+        self.kv_tokens_all = tile(self.kv_tokens)
         self.t_all, self.d_all, self.kv_all, self.act_all, self.att_all = (
             tile(x) for x in (self.t, self.d, self.kv, self.activation, self.attention))
         ends = memory.group_ends(it.last, shape.groups)
@@ -236,8 +238,8 @@ def evaluate(point: Point, shape: SimShape) -> Evaluation:
     N = shape.stages
     finish, start = timeline(s.t_all, s.d_all, shape)
     release = memory.release_times(finish, s.ends, shape.release)
-    peak, kv_peak, _ = memory.peak_memory(start, s.kv_all, s.act_all, s.weights, s.ends, release, s.valid,
-                                          s.group_first, shape.release)
+    peak, kv_peak, _ = memory.peak_memory(start, s.kv_tokens_all, s.kv_per_token, s.act_all, s.weights, s.ends,
+                                          release, s.valid, s.group_first, shape.release)
     feasible = jnp.all((peak <= s.usable) | ~s.live)
     times = s.t_all
     zero_n = jnp.zeros((N,), dt)

@@ -10,8 +10,13 @@ not yet released at that instant (:func:`peak_memory`).  Adding the largest work
 largest KV holding instead would only bound the peak from above, and count the last chunk's KV
 twice.
 
+An item's KV is its tokens (prompt tokens x requests) times a stage's bytes per token, so the
+running sums over items that resolve the held KV run over the ``[E]`` token counts and scale by
+the ``[N]`` bytes per token at the end (exact while the counts stay below 2^24 in float32),
+instead of summing ``[E, N]`` byte tables.
+
 Shapes: ``E`` items of the timeline (batches x item slots, in item order), ``N`` stages, ``G``
-group slots of the timeline.  Units: seconds, bytes.
+group slots of the timeline.  Units: seconds, bytes, tokens.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ def item_release_times(release, group_of_item):
     return release[group_of_item]
 
 
-def held_before_start(start, kv, ends, release, group_first=None, policy: Release = Release.REQUEST):
-    """KV each stage holds just before each item starts (releases at that instant applied), ``[E, N]``.
+def held_before_start(start, tokens, per_token, ends, release, group_first=None, policy: Release = Release.REQUEST):
+    """KV each stage holds just before each item starts (releases at that instant applied), ``[E, N]``
+    bytes; item ``k`` writes ``tokens[k] * per_token[s]`` bytes on stage ``s``.
 
     Groups are released in order and their items are consecutive, so the released KV at any time is
     the cumulative KV through the last released group: a running maximum over the groups released
@@ -68,32 +74,31 @@ def held_before_start(start, kv, ends, release, group_first=None, policy: Releas
     of the starting item's own group (``group_first [E]``: the slot of each item's group's first
     item): no timeline is needed.
     """
-    cum = prefix_sum(kv)                                                 # [E, N] through each item
-    before = cum - kv
+    through = prefix_sum(tokens)                                         # [E] tokens through each item
+    before = through - tokens
     if policy == Release.STAGE and group_first is not None:
-        return before - before[group_first]
-    used = (ends >= 0)[:, None]
-    through = jnp.where(used, cum[jnp.maximum(ends, 0)], 0.0)                   # [G, N]
-    rel = jnp.where(used, release, -jnp.inf)
-    rel = prefix_max(rel)
-    through = prefix_max(through)
+        return (before - before[group_first])[:, None] * per_token[None, :]
+    used = ends >= 0
+    rel = prefix_max(jnp.where(used[:, None], release, -jnp.inf))                # [G, N]
+    released_through = prefix_max(jnp.where(used, through[jnp.maximum(ends, 0)], 0.0))   # [G] tokens
     G = ends.shape[0]
     if G <= 64:
-        released = jnp.max(jnp.where(rel[None, :, :] <= start[:, None, :], through[None, :, :], 0.0), axis=1)
+        released = jnp.max(jnp.where(rel[None, :, :] <= start[:, None, :], released_through[None, :, None], 0.0),
+                           axis=1)
     else:
-        count = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(rel, start)
-        padded = jnp.concatenate([jnp.zeros_like(through[:1]), through], axis=0)
-        released = jnp.take_along_axis(padded, count, axis=0)
-    return before - released
+        count = jax.vmap(count_sorted, in_axes=(1, 1), out_axes=1)(rel, start)        # [E, N] groups released
+        released = jnp.concatenate([jnp.zeros_like(released_through[:1]), released_through])[count]
+    return (before[:, None] - released) * per_token[None, :]
 
 
-def peak_memory(start, kv, activation, weights, ends, release, valid, group_first=None,
+def peak_memory(start, tokens, per_token, activation, weights, ends, release, valid, group_first=None,
                 policy: Release = Release.REQUEST):
     """Peak memory of each stage and its parts, resolved in time (no MBKR).
 
     Args:
       start: ``[E, N]`` start time of each item on each stage (s).
-      kv: ``[E, N]`` KV bytes each item writes on each stage.
+      tokens: ``[E]`` KV tokens each item writes (prompt tokens x requests; 0 for padding).
+      per_token: ``[N]`` KV bytes per token on each stage.
       activation: ``[E, N]`` activation bytes of each item while it runs.
       weights: ``[N]`` weight bytes of each stage.
       ends: ``[G]`` timeline slots of the group ends (-1 unused); release: ``[G, N]`` their release times.
@@ -104,8 +109,8 @@ def peak_memory(start, kv, activation, weights, ends, release, valid, group_firs
       ``(peak [N], kv_peak [N], memory_at_start [E, N])``: the largest memory, the largest KV
       (held + being written), and the memory when each item starts (bytes).
     """
-    held = held_before_start(start, kv, ends, release, group_first, policy)
-    kv_now = jnp.where(valid[:, None], held + kv, 0.0)
+    held = held_before_start(start, tokens, per_token, ends, release, group_first, policy)
+    kv_now = jnp.where(valid[:, None], held + tokens[:, None] * per_token[None, :], 0.0)
     at_start = jnp.where(valid[:, None], weights[None, :] + kv_now + activation, 0.0)
     peak = jnp.maximum(weights, jnp.max(at_start, axis=0))
     return peak, jnp.max(kv_now, axis=0), at_start
