@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from . import tensor_parallel as tp
+from .computed_once import computed_once
 from .efficiency import DENSE_LAYER_GEMMS, MOE_LAYER_GEMMS, gemm_efficiency
 from .params import HardwareParams, ModelParams, StageLayout
 
@@ -112,6 +113,12 @@ def lm_head_time(model: ModelParams, hw: HardwareParams, b, xp=jnp, tensor_paral
     return gemm_time(params, b, params * hw.weight_bytes, 1, hw, xp)
 
 
+def _per_item(xp, values):
+    """Per-item block times, kept once per item for the ``[..., N_pad]`` tables that broadcast them
+    over the stages (left to XLA, each table's fused kernel evaluates them once per stage cell)."""
+    return computed_once(values) if xp is jnp else values
+
+
 def _stage_vector(v, stage_axis: int):
     """A per-stage ``[N_pad]`` vector shaped to broadcast along ``stage_axis`` (-1 or -2) of a result."""
     return v if stage_axis == -1 else v[:, None]
@@ -174,16 +181,17 @@ def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, 
     # the block formulas depend on the item only (one group size for every stage), so they run
     # once per item and broadcast over the stage axis; only the rings differ from stage to stage
     on_stages = lambda x: _with_stage_axis(x, stage_axis)
-    dense_block = on_stages(dense_layer_time(model, hw, c, p, b, xp, t_group))
-    moe_block = on_stages(moe_layer_time(model, hw, c, p, b, xp, t_group))
+    dense_block, moe_block, embedding, lm_head = (on_stages(x) for x in _per_item(xp, (
+        dense_layer_time(model, hw, c, p, b, xp, t_group), moe_layer_time(model, hw, c, p, b, xp, t_group),
+        embedding_time(model, hw, c, b), lm_head_time(model, hw, b, xp, t_group))))
     ring = _group_ring(hw, layout, sv, 0, xp)
     activations = on_stages(b * c * model.hidden * hw.activation_bytes)
     reduce = tp.all_reduce_time(activations, *ring, xp=xp)
     t = dense * (dense_block + 2 * reduce) + moe * (moe_block + 2 * reduce)
     s = sv(xp.arange(n_pad))
-    t = t + xp.where(s == 0, on_stages(embedding_time(model, hw, c, b)) + reduce, 0.0)
+    t = t + xp.where(s == 0, embedding + reduce, 0.0)
     logits = tp.all_gather_time(on_stages(b * model.vocab * hw.activation_bytes), *ring, xp=xp)
-    head = xp.where(on_stages(last), on_stages(lm_head_time(model, hw, b, xp, t_group)) + logits, 0.0)
+    head = xp.where(on_stages(last), lm_head + logits, 0.0)
     t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
     return xp.where(s < layout.num_stages, t, 0.0)
 
@@ -251,5 +259,5 @@ def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageL
     """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap;
     ``stage_axis`` as in :func:`stage_times`)."""
     dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
-    block = attention_time(model, hw, c, p, b, xp, layout.tensor_parallel)
+    block = _per_item(xp, attention_time(model, hw, c, p, b, xp, layout.tensor_parallel))
     return _stage_vector(dense + moe, stage_axis) * _with_stage_axis(block, stage_axis)
