@@ -213,9 +213,12 @@ def _pair(a, b, ok, st: Stages, p1, p2, spill: Spill):
                            _in_flight_activation(start[1], start[0], finish[0], act[0], inclusive=True)])
     group = jnp.concatenate([st.group, st.group, jnp.arange(G), jnp.arange(G)])
     zeros = jnp.zeros(2 * G, kv.dtype)
-    # one gather of stacked rows: XLA:CPU pays per gathered index, not per byte
-    by_order = jnp.stack([times_id, jnp.concatenate([kv.reshape(-1), zeros]), jnp.concatenate([act.reshape(-1), zeros]),
-                          jnp.concatenate([other_act.reshape(-1), zeros])], axis=-1)[order]
+    # one gather of stacked rows: XLA:CPU pays per gathered index, not per byte; the rows are stored
+    # first (left to XLA, the gather's kernel counts each in-flight activation again per element)
+    rows = computed_once(jnp.stack([times_id, jnp.concatenate([kv.reshape(-1), zeros]),
+                                    jnp.concatenate([act.reshape(-1), zeros]),
+                                    jnp.concatenate([other_act.reshape(-1), zeros])], axis=-1))
+    by_order = rows[order]
     ev = (side[order], kind[order] == 1, group[order], by_order[:, 1], by_order[:, 2], by_order[:, 3],
           jnp.isfinite(by_order[:, 0]))
     slot_ids = _slot_ids(G)
