@@ -155,7 +155,8 @@ def timeline(times, handoff, shape: SimShape):
 class Structure:
     """Per-configuration quantities every pass reads, computed once: one batch's times ``t``,
     hand-offs ``d``, KV ``kv``, activation bytes ``activation`` and attention seconds
-    ``attention`` (``[K, N]``), the same over the timeline (``*_all`` ``[E, N]``), weights
+    ``attention`` (``[K, N]``), the same over the timeline (``*_all`` ``[E, N]``), the KV's
+    factors (``kv_tokens [K]`` / ``kv_tokens_all [E]`` tokens, ``kv_per_token [N]`` bytes), weights
     ``[N]``, usable HBM, and the timeline's group structure (``ends [G]`` group-end slots,
     ``group [E]`` group slot of each item, ``group_first [E]`` first slot of each item's group)."""
 
