@@ -5,6 +5,7 @@ honesty invariant of batched results."""
 import math
 
 import chex
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -78,6 +79,11 @@ def test_batched_bad_input_is_a_value_error():
         max_feasible_seq_len("llama3.1-8b", "mocap-2x2", max_seq_len=4611686018427387904)
     with pytest.raises(ValueError, match=r"chunks=3 but partition rows have \[2\] chunks"):
         simulate_batch("llama3.1-8b", "mocap-2x2", 8000, chunks=3, partition=[[4000, 4000]])
+    for rows in ([[0, 8000]], [[4000, 0, 4000]], [[0, 0]]):                  # zeros only as right padding
+        with pytest.raises(ValueError, match="zeros only as right padding"):
+            simulate_batch("llama3.1-8b", "mocap-2x2", 8000, partition=rows)
+    with pytest.raises(ValueError, match="partition row 1 sums to 7999 but seq_len is 8000"):
+        simulate_batch("llama3.1-8b", "mocap-2x2", 8000, partition=[[4000, 4000], [3999, 4000]])
     with pytest.raises(ValueError, match="seq_len and batch need at least one value each"):
         simulate_batch("llama3.1-8b", "mocap-2x2", [])
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['nope'\]; choose from finish, start"):
@@ -152,6 +158,8 @@ def test_the_honesty_check_names_the_point():
     out = {"feasible": np.array([True, True]), "prefill_latency_s": np.array([1.0, -3.0], np.float32)}
     with pytest.raises(DishonestResult, match="point 1"):
         check_honest(out)
+    with pytest.raises(DishonestResult, match="point 16385 "):        # a later block names the call's index
+        check_honest(out, first=16384)
     check_honest({"feasible": np.array([False]), "prefill_latency_s": np.array([np.inf])})
 
 
@@ -216,3 +224,25 @@ def test_every_name_a_module_exports_exists():
         module = importlib.import_module(info.name)
         missing += [f"{info.name}.{n}" for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
     assert not missing, missing
+
+
+def test_a_placements_routes_are_shared_read_only_and_keyed_by_its_dies():
+    """The routes of a placement are cached: asking again returns the same arrays, which nobody can
+    change in place, and a caller's later edit of its placement array does not reach the cache."""
+    from mocap_jax.prefill.points import MBKRSettings, stage_layout, stage_routes
+    from mocap_jax.specs import get_hardware
+
+    hw = get_hardware("mocap-4x4")
+    placement = np.arange(8)
+    layout, mbkr = stage_routes(hw, placement, 8, MBKRSettings(), np.float32)
+    again, _ = stage_routes(hw, placement.copy(), 8, MBKRSettings(), np.float32)
+    assert again is layout
+    with pytest.raises(ValueError, match="read-only"):
+        mbkr.stage_hops[0, 0] = 5
+    placement[:] = [0, 5, 10, 15, 14, 9, 4, 3]                          # diagonal steps: two hops each
+    reversed_layout, _ = stage_routes(hw, placement, 8, MBKRSettings(), np.float32)
+    assert reversed_layout is not layout
+    fresh = stage_layout(hw, placement, 8, np.float32)                  # built anew, not cached
+    for got, want in zip(jax.tree_util.tree_leaves(reversed_layout), jax.tree_util.tree_leaves(fresh)):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(reversed_layout.handoff_hops, layout.handoff_hops)

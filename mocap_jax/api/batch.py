@@ -71,16 +71,17 @@ def simulate_batch(model, hardware, seq_len, scheme: str = "terapipe", *, chunks
             part = uniform_partitions(seq, M)
         part = np.broadcast_to(part, (P, part.shape[1]))
         live = part > 0
-        if np.any(live.sum(1) == 0) or np.any(np.diff(live.astype(int), axis=1) > 0):
+        counts = np.count_nonzero(live, axis=1)                          # [P] chunks of each row
+        if not counts.all() or np.any(live[:, 1:] & ~live[:, :-1]):
             raise SpecError("partition rows must hold positive chunk sizes, zeros only as right padding")
-        if np.any(part.sum(1) != seq):
-            bad = int(np.argmax(part.sum(1) != seq))
+        wrong = part.sum(1) != seq
+        if wrong.any():
+            bad = int(np.argmax(wrong))
             raise SpecError(f"partition row {bad} sums to {int(part[bad].sum())} but seq_len is {int(seq[bad])}")
-        if (partition is not None and chunks is not None
-                and np.any(live.sum(1) != check_chunks(chunks))):
-            raise SpecError(f"chunks={chunks} but partition rows have {sorted(set(live.sum(1).tolist()))} chunks; "
+        if partition is not None and chunks is not None and np.any(counts != check_chunks(chunks)):
+            raise SpecError(f"chunks={chunks} but partition rows have {sorted(set(counts.tolist()))} chunks; "
                             f"pass one or the other")
-        items_needed = int(live.sum(1).max())
+        items_needed = int(counts.max())
     else:
         if part is not None:
             raise SpecError(GPIPE_PARTITION)

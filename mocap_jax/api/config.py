@@ -68,16 +68,23 @@ def check_stages(model: ModelSpec, hw: HardwareSpec, stages, tp: int = 1) -> int
     return n
 
 
-def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int, tp: int = 1) -> None:
-    """Refuse a model whose largest stage cannot even hold its weights."""
+@functools.lru_cache(maxsize=256)
+def _heaviest_stage(model: ModelSpec, hw: HardwareSpec, n: int, tp: int) -> tuple[int, float]:
+    """The stage holding the most weight bytes per die and those bytes (cached: every simulation asks)."""
     w = costs.stage_weight_bytes(ModelParams.from_spec(model, np.float64), HardwareParams.from_spec(hw, np.float64),
                                  n, n, xp=np, tensor_parallel=float(tp))
-    usable = hw.hbm_capacity * hw.usable_hbm_fraction
     worst = int(np.argmax(w))
-    if w[worst] > usable:
+    return worst, float(w[worst])
+
+
+def check_weights_fit(model: ModelSpec, hw: HardwareSpec, n: int, tp: int = 1) -> None:
+    """Refuse a model whose largest stage cannot even hold its weights."""
+    worst, weights = _heaviest_stage(model, hw, n, tp)
+    usable = hw.hbm_capacity * hw.usable_hbm_fraction
+    if weights > usable:
         need = model.total_params * hw.weight_bytes / usable
         raise SpecError(
-            f"{model.name} does not fit {hw.name}: stage {worst} needs {w[worst] / 1e9:.1f} GB of weights but a die "
+            f"{model.name} does not fit {hw.name}: stage {worst} needs {weights / 1e9:.1f} GB of weights but a die "
             f"has {usable / 1e9:.1f} GB usable; use a mesh of at least ~{math.ceil(need)} dies "
             f"(e.g. --hardware mocap-RxC), a larger tp or a smaller model")
 

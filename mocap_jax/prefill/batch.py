@@ -262,7 +262,13 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
     if shared is not None:
         shared_leaves = [jax.device_put(x, shared) for x in shared_leaves]
     outs, pending = [], None
-    fetch = lambda n, o: {k: np.asarray(v)[:n] for k, v in jax.device_get(o).items()}
+
+    def fetch(first, n, o):
+        """A block's fields on the host, checked (while the next block runs)."""
+        out = {k: np.asarray(v)[:n] for k, v in jax.device_get(o).items()}
+        check_honest(out, first)
+        return out
+
     for lo in range(0, count, size):
         hi = min(count, lo + size)
         block_rows = []
@@ -273,23 +279,22 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
             if len(x) < size:
                 x = np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
             block_rows.append(x if rows is None else jax.device_put(x, rows))
-        running = (hi - lo, program(block_rows, shared_leaves))
+        running = (lo, hi - lo, program(block_rows, shared_leaves))
         if pending is not None:                  # fetch the previous block while this one runs
             outs.append(fetch(*pending))
         pending = running
     outs.append(fetch(*pending))
-    out = outs[0] if len(outs) == 1 else {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
-    check_honest(out)
-    return out
+    return outs[0] if len(outs) == 1 else {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
 
 
 class DishonestResult(RuntimeError):
     """An evaluation broke an invariant every result must keep (a bug, never a published number)."""
 
 
-def check_honest(out: dict) -> None:
+def check_honest(out: dict, first: int = 0) -> None:
     """Every feasible point has a finite, positive latency and throughput and non-negative, finite memory;
-    no value is NaN.  A violation raises :class:`DishonestResult` naming the first offending point."""
+    no value is NaN.  A violation raises :class:`DishonestResult` naming the first offending point
+    (``first``: the index of ``out``'s first point among those of the call)."""
     P = len(next(iter(out.values())))
     bad = np.zeros(P, bool)
     why = np.full(P, "", object)
@@ -313,6 +318,6 @@ def check_honest(out: dict) -> None:
                 flag(feasible & ~(np.isfinite(v).all(1) & (v >= 0).all(1)), f"feasible with {k} negative or infinite")
     if bad.any():
         i = int(np.argmax(bad))
-        raise DishonestResult(f"point {i} of this evaluation: {why[i]}; values: "
+        raise DishonestResult(f"point {first + i} of this evaluation: {why[i]}; values: "
                               + ", ".join(f"{k}={np.asarray(v[i]).ravel()[:4].tolist()}" for k, v in out.items()
                                           if k in ("feasible", "prefill_latency_s", "throughput_rps")))

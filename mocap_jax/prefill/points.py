@@ -7,6 +7,7 @@ evaluation).  Everything here is NumPy; nothing is traced.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -90,8 +91,24 @@ def stage_layout(hw: HardwareSpec, placement, n_pad: int, dtype) -> StageLayout:
 
 
 def stage_routes(hw: HardwareSpec, placement, n_pad: int, settings: MBKRSettings, dtype) -> tuple[StageLayout, MBKRParams]:
-    """The layout and MBKR routes of a placement (``[N]`` dies or ``[N, t]`` stage groups)."""
-    return stage_layout(hw, placement, n_pad, dtype), mbkr_params(hw, np.asarray(placement), n_pad, settings, dtype)
+    """The layout and MBKR routes of a placement (``[N]`` dies or ``[N, t]`` stage groups).
+
+    Cached (every call of a sweep or search over one placement asks for the same routes, whose XY
+    walks cost more host time than a thousand-configuration evaluation); the arrays returned are
+    read-only, shared between callers."""
+    placement = np.asarray(placement, np.int64)
+    return _stage_routes(hw, placement.tobytes(), placement.shape, n_pad, settings, np.dtype(dtype).name)
+
+
+@functools.lru_cache(maxsize=256)
+def _stage_routes(hw: HardwareSpec, placement: bytes, placement_shape: tuple, n_pad: int, settings: MBKRSettings,
+                  dtype: str) -> tuple[StageLayout, MBKRParams]:
+    pl = np.frombuffer(placement, np.int64).reshape(placement_shape)
+    routes = stage_layout(hw, pl, n_pad, dtype), mbkr_params(hw, pl, n_pad, settings, dtype)
+    for leaf in jax.tree_util.tree_leaves(routes):
+        if isinstance(leaf, np.ndarray):
+            leaf.flags.writeable = False
+    return routes
 
 
 def build_point(model: ModelSpec, hw: HardwareSpec, items: ItemTable, placement, n_pad: int, dtype,
