@@ -2,10 +2,9 @@
 
 XLA:CPU fuses an elementwise producer into each of its consumers and recomputes it for every
 element a consumer reads.  That is cheap for one add, not for a whole cost model: left to
-XLA, an item's stage times (read in the recurrence's skewed layout, and in item order for the
-memory timeline and the summary) are computed in two fusions, each evaluating the per-item cost
-formulas once per stage cell (and a table that broadcasts an item's block times over the stages
-evaluates them once per cell); a static pair's event counts gather its timelines again in every
+XLA, a table that broadcasts an item's block times over the stages (the stage times, read in the
+recurrence's skewed layout and in item order) evaluates the per-item cost formulas once per stage
+cell of every kernel that reads it; a static pair's event counts gather its timelines again in every
 compare; and in its spill scan every ledger update recomputes the spill rule.  :func:`computed_once` marks such values (``lax.optimization_barrier``), and every
 program that runs the evaluator is compiled with :data:`COMPILER_OPTIONS`, which keep the mark:
 XLA:CPU otherwise removes barriers (its ``cse_barrier_expander`` pass) before it fuses.  The

@@ -179,9 +179,12 @@ class Structure:
                                                                      tensor_parallel=layout.tensor_parallel), 0.0)
         self.usable = hw.usable_hbm
         self.requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)
-        # every pass reads these tables, in more than one layout
-        self.t, self.d, self.kv, self.activation, self.attention = computed_once(
-            (self.t, self.d, self.kv, self.activation, self.attention))
+        # every pass reads these tables, in more than one layout.  Without MBKR the times and
+        # hand-offs are read once each, by the recurrence (skewed) and the summary (item order), and
+        # are cheapest recomputed inside those kernels from the per-item block times
+        self.kv, self.activation, self.attention = computed_once((self.kv, self.activation, self.attention))
+        if shape.mbkr != MBKRMode.OFF:
+            self.t, self.d = computed_once((self.t, self.d))
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))
         self.valid = tile(it.valid)
         self.kv_tokens_all = tile(self.kv_tokens)
