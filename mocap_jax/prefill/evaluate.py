@@ -153,7 +153,7 @@ def timeline(times, handoff, shape: SimShape):
 
 
 class Structure:
-    """Per-configuration quantities every pass reads, computed once: one batch's times ``t``,
+    """Per-configuration quantities every pass reads: one batch's times ``t``,
     hand-offs ``d``, KV ``kv``, activation bytes ``activation`` and attention seconds
     ``attention`` (``[K, N]``), the same over the timeline (``*_all`` ``[E, N]``), the KV's
     factors (``kv_tokens [K]`` / ``kv_tokens_all [E]`` tokens, ``kv_per_token [N]`` bytes), weights
@@ -179,12 +179,12 @@ class Structure:
                                                                      tensor_parallel=layout.tensor_parallel), 0.0)
         self.usable = hw.usable_hbm
         self.requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)
-        # every pass reads these tables, in more than one layout.  Without MBKR the times and
-        # hand-offs are read once each, by the recurrence (skewed) and the summary (item order), and
-        # are cheapest recomputed inside those kernels from the per-item block times
-        self.kv, self.activation, self.attention = computed_once((self.kv, self.activation, self.attention))
+        # with MBKR every pass reads these tables, in more than one layout: stored once.  Without it
+        # each is read by one or two kernels (the recurrence's skewed layout, the summary, the peak
+        # memory), which recompute it more cheaply from the per-item values than they would load it
         if shape.mbkr != MBKRMode.OFF:
-            self.t, self.d = computed_once((self.t, self.d))
+            self.t, self.d, self.kv, self.activation, self.attention = computed_once(
+                (self.t, self.d, self.kv, self.activation, self.attention))
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))
         self.valid = tile(it.valid)
         self.kv_tokens_all = tile(self.kv_tokens)
