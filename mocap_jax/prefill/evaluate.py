@@ -180,11 +180,14 @@ class Structure:
         self.usable = hw.usable_hbm
         self.requests = jnp.sum(jnp.where(it.last, it.requests, 0)).astype(dt)
         # with MBKR every pass reads these tables, in more than one layout: stored once.  Without it
-        # each is read by one or two kernels (the recurrence's skewed layout, the summary, the peak
-        # memory), which recompute it more cheaply from the per-item values than they would load it
+        # only the stage times are (the recurrence's skewed copy and the summary read them, and the
+        # skewed kernel would recompute them at strided reads); the hand-offs and the activation
+        # bytes, each read by one kernel, cost less recomputed there from the per-item values
         if shape.mbkr != MBKRMode.OFF:
             self.t, self.d, self.kv, self.activation, self.attention = computed_once(
                 (self.t, self.d, self.kv, self.activation, self.attention))
+        else:
+            self.t = computed_once(self.t)
         tile = lambda x: jnp.tile(x, (nb,) + (1,) * (x.ndim - 1))
         self.valid = tile(it.valid)
         self.kv_tokens_all = tile(self.kv_tokens)
