@@ -119,49 +119,38 @@ def _per_item(xp, values):
     return computed_once(values) if xp is jnp else values
 
 
-def _stage_vector(v, stage_axis: int):
-    """A per-stage ``[N_pad]`` vector shaped to broadcast along ``stage_axis`` (-1 or -2) of a result."""
-    return v if stage_axis == -1 else v[:, None]
+def _on_stages(x):
+    """A per-item ``[...]`` value with a length-1 stage axis appended, to broadcast over ``[N_pad]``."""
+    return x[..., None]
 
 
-def _with_stage_axis(x, stage_axis: int):
-    """Insert a length-1 stage axis at ``stage_axis`` (-1: last; -2: before the last axis); any array type."""
-    if stage_axis not in (-1, -2):
-        raise ValueError(f"stage_axis must be -1 or -2, got {stage_axis}")
-    return x[..., None] if stage_axis == -1 else x[..., None, :]
-
-
-def _group_ring(hw: HardwareParams, layout: StageLayout, sv, shift: int = 0, xp=jnp):
+def _group_ring(hw: HardwareParams, layout: StageLayout, shift: int = 0, xp=jnp):
     """``(t, step latency, step bandwidth)`` of each stage group's ring (of stage s + ``shift``);
     ``t`` is the layout's scalar group size."""
     hops, bw = layout.group_hops, layout.group_bandwidth
     if shift:
         hops, bw = xp.roll(hops, -shift), xp.roll(bw, -shift)
-    return layout.tensor_parallel, sv(hops) * hw.link_latency_s, sv(bw) * hw.eff_link
+    return layout.tensor_parallel, hops * hw.link_latency_s, bw * hw.eff_link
 
 
-def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp,
-                 stage_axis: int = -1):
+def handoff_time(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, n_pad: int, xp=jnp):
     """Hand-off delay d[..., s] from stage s to s+1.
 
     ``hops x latency + bytes / effective bandwidth`` over the route between the groups
     (each of the sender's ``t`` dies sends ``1/t`` of the activations to its counterpart),
     plus the receiving group's all-gather that reassembles them (none for one die).
     ``c`` and ``b`` have shape ``[...]``; the result is ``[..., N_pad]``, zero for
-    ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).  With
-    ``stage_axis=-2`` inputs ``[..., C]`` give ``[..., N_pad, C]`` (configurations last).
+    ``s >= N - 1`` (no hand-off after the last stage, none on padded stages).
     """
-    sv = lambda v: _stage_vector(v, stage_axis)
-    bytes_ = _with_stage_axis(b * c * model.hidden * hw.activation_bytes, stage_axis)
+    bytes_ = _on_stages(b * c * model.hidden * hw.activation_bytes)
     s = xp.arange(n_pad)
-    live = sv(s < layout.num_stages - 1)
-    d = sv(layout.handoff_hops) * hw.link_latency_s + bytes_ / (sv(layout.handoff_bandwidth) * hw.eff_link)
-    d = d + tp.all_gather_time(bytes_, *_group_ring(hw, layout, sv, 1, xp), xp=xp)
+    live = s < layout.num_stages - 1
+    d = layout.handoff_hops * hw.link_latency_s + bytes_ / (layout.handoff_bandwidth * hw.eff_link)
+    d = d + tp.all_gather_time(bytes_, *_group_ring(hw, layout, 1, xp), xp=xp)
     return xp.where(live, d, 0.0)
 
 
-def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp,
-                stage_axis: int = -1):
+def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, last, n_pad: int, xp=jnp):
     """Time of each item on each stage, ``t[..., N_pad]`` in seconds.
 
     A stage group's time is one die's share of every block plus two all-reduces of the
@@ -172,26 +161,22 @@ def stage_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, 
       c, p, b: ``[...]`` chunk tokens, prefix tokens, requests of each item.
       last: ``[...]`` bool, the item ends its requests (the LM head runs on the last stage).
       n_pad: static stage bucket size.
-      stage_axis: -1 (default) appends the stage axis; -2 inserts it before the last
-        input axis (inputs ``[..., C]`` give ``[..., N_pad, C]``, configurations last).
     """
-    sv = lambda v: _stage_vector(v, stage_axis)
-    dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
+    dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
     t_group = layout.tensor_parallel
     # the block formulas depend on the item only (one group size for every stage), so they run
     # once per item and broadcast over the stage axis; only the rings differ from stage to stage
-    on_stages = lambda x: _with_stage_axis(x, stage_axis)
-    dense_block, moe_block, embedding, lm_head = (on_stages(x) for x in _per_item(xp, (
+    dense_block, moe_block, embedding, lm_head = (_on_stages(x) for x in _per_item(xp, (
         dense_layer_time(model, hw, c, p, b, xp, t_group), moe_layer_time(model, hw, c, p, b, xp, t_group),
         embedding_time(model, hw, c, b), lm_head_time(model, hw, b, xp, t_group))))
-    ring = _group_ring(hw, layout, sv, 0, xp)
-    activations = on_stages(b * c * model.hidden * hw.activation_bytes)
+    ring = _group_ring(hw, layout, 0, xp)
+    activations = _on_stages(b * c * model.hidden * hw.activation_bytes)
     reduce = tp.all_reduce_time(activations, *ring, xp=xp)
     t = dense * (dense_block + 2 * reduce) + moe * (moe_block + 2 * reduce)
-    s = sv(xp.arange(n_pad))
+    s = xp.arange(n_pad)
     t = t + xp.where(s == 0, embedding + reduce, 0.0)
-    logits = tp.all_gather_time(on_stages(b * model.vocab * hw.activation_bytes), *ring, xp=xp)
-    head = xp.where(on_stages(last), lm_head + logits, 0.0)
+    logits = tp.all_gather_time(_on_stages(b * model.vocab * hw.activation_bytes), *ring, xp=xp)
+    head = xp.where(_on_stages(last), lm_head + logits, 0.0)
     t = t + xp.where(s == layout.num_stages - 1, head, 0.0)
     return xp.where(s < layout.num_stages, t, 0.0)
 
@@ -216,7 +201,7 @@ def stage_kv_bytes_per_token(model: ModelParams, hw: HardwareParams, num_stages,
 
 
 def item_activation_bytes(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, b, last, n_pad: int,
-                          xp=jnp, stage_axis: int = -1):
+                          xp=jnp):
     """Activation buffers of an in-flight item on each stage, ``[..., N_pad]`` bytes.
 
     A stage runs its blocks one after another and reuses their buffers, so an item needs the
@@ -238,26 +223,23 @@ def item_activation_bytes(model: ModelParams, hw: HardwareParams, layout: StageL
     head and FFN parts are split ``t`` ways (Megatron sharding): the bytes are per die.  Everything is
     scaled by ``activation_buffer_scale`` and stored at ``activation_bytes``.
     """
-    sv = lambda v: _stage_vector(v, stage_axis)
-    dense, moe = (sv(v) for v in stage_layer_counts(model, layout.num_stages, n_pad, xp))
+    dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
     t_group = layout.tensor_parallel
-    tokens = _with_stage_axis(b * c, stage_axis)
-    bb = _with_stage_axis(b, stage_axis)
+    tokens = _on_stages(b * c)
+    bb = _on_stages(b)
     tile = xp.where(hw.mlp_token_tile > 0, xp.minimum(tokens, hw.mlp_token_tile), tokens)
     mlp = xp.maximum(xp.where(dense > 0, model.dense_mlp_buffer_elements, 0.0),
                      xp.where(moe > 0, model.moe_mlp_buffer_elements, 0.0))
-    s = sv(xp.arange(n_pad))
-    head = xp.where((s == layout.num_stages - 1) & _with_stage_axis(last, stage_axis), bb * model.vocab, 0.0)
+    s = xp.arange(n_pad)
+    head = xp.where((s == layout.num_stages - 1) & _on_stages(last), bb * model.vocab, 0.0)
     attention = model.hidden + (model.attention_buffer_elements - model.hidden) / t_group
     mlp = model.hidden + (mlp - model.hidden) / t_group
     elements = xp.maximum(tokens * attention, tokens * model.hidden + tile * mlp) + head
     return xp.where(s < layout.num_stages, hw.activation_buffer_scale * elements * hw.activation_bytes, 0.0)
 
 
-def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp,
-                          stage_axis: int = -1):
-    """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap;
-    ``stage_axis`` as in :func:`stage_times`)."""
+def stage_attention_times(model: ModelParams, hw: HardwareParams, layout: StageLayout, c, p, b, n_pad: int, xp=jnp):
+    """Attention part of each item's time on each stage, ``[..., N_pad]`` seconds (for read overlap)."""
     dense, moe = stage_layer_counts(model, layout.num_stages, n_pad, xp)
     block = _per_item(xp, attention_time(model, hw, c, p, b, xp, layout.tensor_parallel))
-    return _stage_vector(dense + moe, stage_axis) * _with_stage_axis(block, stage_axis)
+    return (dense + moe) * _on_stages(block)
