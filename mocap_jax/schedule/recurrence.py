@@ -44,12 +44,11 @@ def _skew(x):
 
 
 def _unskew(y, K):
-    """Inverse of :func:`_skew`: ``y[K+N-1, N, ...] -> x[K, N, ...]`` with ``x[k, s] = y[k + s, s]``."""
-    Lm1, N = y.shape[:2]
-    rest = y.shape[2:]
-    ys = jnp.swapaxes(y, 0, 1).reshape((N * Lm1,) + rest)
-    ys = jnp.pad(ys, [(0, N)] + [(0, 0)] * len(rest))
-    return jnp.swapaxes(ys.reshape((N, Lm1 + 1) + rest)[:, :K], 0, 1)
+    """Inverse of :func:`_skew`: ``y[K+N-1, N, ...] -> x[K, N, ...]`` with ``x[k, s] = y[k + s, s]``
+    (a gather of whole batch rows)."""
+    N = y.shape[1]
+    s = jnp.arange(N)[None, :]
+    return y[jnp.arange(K)[:, None] + s, s]
 
 
 def wavefront(t, handoff, ready=None, stage_free=None):
