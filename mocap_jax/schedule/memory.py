@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..costs.computed_once import computed_once
 from .shape import Release
 from .prefix import count_sorted, prefix_max, prefix_sum
 
@@ -81,6 +82,8 @@ def held_before_start(start, tokens, per_token, ends, release, group_first=None,
     used = ends >= 0
     rel = prefix_max(jnp.where(used[:, None], release, -jnp.inf))                # [G, N]
     released_through = prefix_max(jnp.where(used, through[jnp.maximum(ends, 0)], 0.0))   # [G] tokens
+    # every start is compared with every group's release: stored once, not recomputed per comparison
+    start, rel, released_through = computed_once((start, rel, released_through))
     G = ends.shape[0]
     if G <= 64:
         released = jnp.max(jnp.where(rel[None, :, :] <= start[:, None, :], released_through[None, :, None], 0.0),
