@@ -114,13 +114,21 @@ def test_huge_grid_limit_evaluates_one_block(tmp_path, monkeypatch):
     assert text.count("\n") == 8 and "nan" not in text
 
 
-@pytest.mark.parametrize("available,fragment", [
-    (3_000, "the inputs of a block of 8 points take about"),
-    (8_000, "a block of 8 points needs about"),     # inputs fit; XLA's estimate of the program does not
+@pytest.mark.parametrize("inputs_fit,fragment", [
+    (False, "the inputs of a block of 8 points take about"),
+    (True, "a block of 8 points needs about"),      # inputs fit; XLA's estimate of the program does not
 ])
-def test_block_memory_checked_before_it_is_allocated(tmp_path, monkeypatch, available, fragment):
+def test_block_memory_checked_before_it_is_allocated(tmp_path, monkeypatch, inputs_fit, fragment):
+    checks = []
+
+    def available(device):
+        """The block's inputs are checked first, then the compiled program: room for the inputs only
+        (or for nothing), whatever the program's size."""
+        checks.append(device)
+        return 1 << 40 if inputs_fit and len(checks) == 1 else 1
+
     monkeypatch.setattr(evaluate, "_COMPILED", {})
-    monkeypatch.setattr(evaluate, "available_memory_bytes", lambda device: available)
+    monkeypatch.setattr(evaluate, "available_memory_bytes", available)
     with pytest.raises(ValueError) as e:
         sweep.run_sweep(HUGE, tmp_path / "o", quiet=True, limit=8, devices=1)
     msg = str(e.value)
