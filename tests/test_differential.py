@@ -176,3 +176,4 @@ def test_bench_reference_command(capsys):
     assert res["configs"] == 8 and res["max_rel_err_latency"] <= 1e-4 and res["feasible_configs"] == 8
     # a call this small runs on one of the (eight fake) devices, and the benchmark says so
     assert res["devices"] == 1 and res["local_devices"] == 8
+    assert res["cpu"] and res["cpus"] >= 1                    # the host it ran on, for same-CPU comparisons

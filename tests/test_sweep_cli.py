@@ -61,7 +61,7 @@ def test_bench_sweep_json(capsys):
     assert main(["bench", "sweep", "--points", "1", "--json", "--quiet", "--devices", "2", "--write-rows",
                  "3000"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["points"] == 1 and d["buckets"] == 1 and d["devices"] == 2
+    assert d["points"] == 1 and d["buckets"] == 1 and d["devices"] == 2 and d["cpu"] and d["cpus"] >= 1
     assert [w["format"] for w in d["write"]] == ["csv", "parquet"]
     assert all(w["rows"] == 3000 for w in d["write"] if "skipped" not in w)
 

@@ -61,6 +61,7 @@ def test_bench_explore_reports_progress_across_its_runs(explored, monkeypatch):
     monkeypatch.setattr(sv, "_LanePool", lambda *a: (events.append("compile"), pool(*a))[1])
     r = bench_explore(small_sweep(), CONFIG, repeat=2, progress=lambda done, total: events.append((done, total)))
     assert len(r["runs"]) == 2 and r["points"] == explored.timing["points"] == 16
+    assert r["devices"] >= 1 and r["cpu"] and r["cpus"] >= 1     # same-CPU ratios need the CPU named
     # each run reports before its program compiles (a bar shows meanwhile); one count over both runs
     assert events[:2] == [(0, 32), "compile"] and events.count("compile") == 2
     seen = [e for e in events if e != "compile"]

@@ -13,6 +13,7 @@ from ..partition.dp import check_granularity
 from ..partition.objectives import PartitionContext, PartitionProblem
 from ..search.anneal import anneal
 from ..specs import LIMITS, checks
+from .machine import host
 
 
 def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks=16, granularity=256, chains=1024,
@@ -25,6 +26,7 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
     Returns a dict with ``total_s`` and its parts, ``steps_per_s`` (chain-steps per second of the step loop), and the
     uniform and best objectives.
     """
+    machine = host()
     t0 = time.perf_counter()
     checks.integer("chains", chains, 1, LIMITS["chains"], above=" Each chain holds its partition and its objective's "
                    "evaluations (a few KB): use fewer chains.")
@@ -52,4 +54,4 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
             "compile_s": compile_s, "anneal_s": anneal_s, "steps_per_s": chains * steps / anneal_s,
             "uniform_objective_s": start.objective, "best_objective_s": res.objective,
             "accept_rate": res.accept_rate, "devices": len(jax.local_devices()),
-            "device_kind": jax.local_devices()[0].device_kind}
+            "device_kind": jax.local_devices()[0].device_kind, **machine}

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..specs import SpecError
+from .machine import describe, host
 
 PEER_REQUIREMENT = "genz-llm==0.0.16"
 GENZ_MODELS = {"llama2-7b": "llama2_7b", "llama3.1-8b": "llama3_8b", "llama2-70b": "llama2_70b"}
@@ -178,6 +179,7 @@ def run_ours_batched(configs: list[dict]) -> list[float]:
 def bench_peer(env_dir=None, quick: bool = False) -> dict[str, Any]:
     """Both simulators on :func:`peer_configs`; rows and medians (see the module docstring)."""
     configs = peer_configs(quick)
+    machine = host()
     python = ensure_peer(Path(env_dir) if env_dir else default_venv())
     theirs = run_peer(python, configs)
     ours = run_ours(configs)
@@ -194,16 +196,15 @@ def bench_peer(env_dir=None, quick: bool = False) -> dict[str, Any]:
     med = lambda k: float(np.median([r[k] for r in rows if r.get(k) is not None])) if any(
         r.get(k) is not None for r in rows) else None
     return dict(peer=PEER_REQUIREMENT, configs=len(rows), rows=rows, python=sys.version.split()[0],
-                load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                 median_ratio_genz=med("ratio_genz"), median_ratio_genz_matched=med("ratio_genz_matched"),
                 median_wall_ratio=med("wall_ratio"), median_wall_ratio_batched=med("wall_ratio_batched"),
-                median_ours_wall_s=med("ours_wall_s"), median_genz_wall_s=med("genz_wall_s"))
+                median_ours_wall_s=med("ours_wall_s"), median_genz_wall_s=med("genz_wall_s"), **machine)
 
 
 def format_peer(r: dict[str, Any]) -> str:
     fmt = lambda v, f="{:.4f}": "-" if v is None else f.format(v)
     lines = [f"bench peer: {r['configs']} configurations, mocap-jax vs {r['peer']} (prefill latency, one run; "
-             f"load {fmt(r['load'], '{:.1f}')})",
+             f"{describe(r)})",
              f"  {'model':12s} {'gpu':5s} {'TPxPP':>5s} {'seq':>6s} {'B':>2s} {'ours s':>9s} {'genz s':>9s} "
              f"{'ours/genz':>9s} {'genz@eff s':>10s} {'ours/that':>9s} {'wall genz/ours':>14s}"]
     for x in r["rows"]:

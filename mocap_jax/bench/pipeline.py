@@ -10,6 +10,7 @@ import numpy as np
 from ..api.batch import simulate_batch
 from ..api.search import max_feasible_batch
 from ..specs import LIMITS, checks
+from .machine import host
 
 #: what the benchmark returns per point: the full evaluation's summary (times, memory, feasibility)
 FIELDS = ("prefill_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
@@ -37,6 +38,7 @@ def bench_pipeline(model: str = "llama3-70b", hardware: str = "mocap-4x4", seq_l
     fits without MBKR plus 10% (so most points spill and run the MBKR passes).
     """
     repeats = checks.integer("repeats", repeats, 1, LIMITS["repeats"])
+    machine = host()
     rng = np.random.default_rng(seed)
     parts = random_partitions(rng, points, seq_len, chunks)
     if batch is None:
@@ -58,7 +60,7 @@ def bench_pipeline(model: str = "llama3-70b", hardware: str = "mocap-4x4", seq_l
     return {"benchmark": "pipeline", "path": "simulate_batch (full evaluation: times, memory, feasibility)",
             "scheme": scheme, "model": model, "hardware": hardware, "seq_len": seq_len, "chunks": chunks,
             "batch": int(batch), "num_batches": num_batches, "points": int(points), "block": block,
-            "devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind,
+            "devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind, **machine,
             "compile_and_first_block_s": compile_s, "median_s": med, "best_s": min(times),
             "evals_per_s": points / med, "evals_per_s_best": points / min(times),
             "feasible_share": float(np.mean(out["feasible"])),

@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..bench.machine import describe, host
 from .common import counted, rate
 from .core import positive_int
 from .stderr_filter import sync
@@ -194,6 +195,7 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
     from .. import sweep
 
     rss0 = peak_rss_mb()
+    machine = host()
     tmp = None
     if out is None:
         tmp = tempfile.mkdtemp(prefix="mocap-bench-sweep-")
@@ -218,7 +220,7 @@ def bench_sweep(points: int = 1_000_000, block_size: int | None = None, out: str
         "devices": s.devices, "device_kind": s.device_kind, "wall_s": wall, "compile_s": s.compile_s,
         "points_per_s": s.points / wall, "points_per_s_excluding_compile": s.points / eval_s,
         "peak_rss_mb": rss_run, "rss_before_mb": rss0, "rss_after_jax_init_mb": rss_init,
-        "results_csv_mb": size / 1e6, "assemble_s": s.assemble_s, "write": write,
+        "results_csv_mb": size / 1e6, "assemble_s": s.assemble_s, "write": write, **machine,
     }
 
 
@@ -253,6 +255,7 @@ def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None
     from .. import sweep
 
     cfg = tomllib.loads(MILLION_TOML)
+    machine = host()
     rows = []
     for (chunks, scheme), share in bucket_shares(MILLION_TOML, points).items():
         one = {**cfg, "sweep": {**cfg["sweep"], "name": f"million-{scheme}-{chunks}"},
@@ -272,7 +275,7 @@ def bench_sweep_by_bucket(points: int = 1_000_000, block_size: int | None = None
     return {"benchmark": "sweep-by-bucket", "source": "sweeps/million.toml", "points": n,
             "devices": s.devices, "device_kind": s.device_kind, "block_size": s.block_size,
             "micro_batch": s.micro_batch, "compile_s": sum(r["compile_s"] for r in rows), "evaluate_s": total,
-            "points_per_s_excluding_compile": n / total, "buckets": rows}
+            "points_per_s_excluding_compile": n / total, "buckets": rows, **machine}
 
 
 def _check_bench_points(points: int) -> None:
@@ -296,7 +299,8 @@ def cmd_bench_sweep(args) -> int:
             print(json.dumps(d))
             return 0
         print(f"sweep benchmark by bucket: {d['points']:,} points of {d['source']} in "
-              f"{counted(len(d['buckets']), 'bucket')}, each run alone, on {counted(d['devices'], d['device_kind'] + ' device')}")
+              f"{counted(len(d['buckets']), 'bucket')}, each run alone, on {counted(d['devices'], d['device_kind'] + ' device')} "
+              f"({describe(d)})")
         print(f"  {d['evaluate_s']:.1f} s evaluating ({d['points_per_s_excluding_compile']:,.0f} points/s), "
               f"{d['compile_s']:.1f} s compiling")
         for r in sorted(d["buckets"], key=lambda r: -r["evaluate_s"]):
@@ -309,7 +313,8 @@ def cmd_bench_sweep(args) -> int:
     if args.json:
         print(json.dumps(d))
         return 0
-    print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {counted(d['devices'], d['device_kind'] + ' device')}")
+    print(f"sweep benchmark: {d['points']:,} points of {d['source']} on {counted(d['devices'], d['device_kind'] + ' device')} "
+          f"({describe(d)})")
     print(f"  wall time        {d['wall_s']:.1f} s (compile {d['compile_s']:.1f} s, {d['compiles']} programs; "
           f"merging the parts {d['assemble_s']:.1f} s)")
     print(f"  throughput       {d['points_per_s']:,.0f} points/s ({d['points_per_s_excluding_compile']:,.0f} "

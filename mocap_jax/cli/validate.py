@@ -262,19 +262,17 @@ def cmd_measurements(args) -> int:
 
 
 def cmd_bench_reference(args) -> int:
-    import os
-
+    from ..bench.machine import describe
     from ..validation.benchmark import run_bench_reference
 
     res = run_bench_reference(args.configs, args.model, args.hardware, args.chunks, args.dtype, args.seed,
                               args.repeats)
-    res["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if args.json:
         print(json.dumps(_jsonable(res), indent=2))
         return 0
     print(f"bench reference: {res['configs']} configurations of {res['model']} on {res['hardware']} "
           f"({res['chunks']} random chunks, random batch and sequence length, {res['num_batches']} batch), "
-          f"{res['dtype']}, load average {res['loadavg']}")
+          f"{res['dtype']}, on {describe(res)}")
     print(f"  event-driven reference  {res['reference_wall_s']:10.3f} s  ({res['reference_per_config_us']:10.1f} us/config)")
     print(f"  vectorised (one call)   {res['vectorised_wall_s']:10.3f} s  ({res['vectorised_per_config_us']:10.1f} us/config,"
           f" median of {args.repeats}; best {res['vectorised_best_s']:.3f} s; {res['devices']} of "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..bench.machine import describe, host
 from ..specs import checks
 from ..wsc import baselines as bl
 from ..wsc import bursts
@@ -260,9 +261,12 @@ def bench_explore(sweep: ex.Sweep, config, repeat: int = 1, progress=None, basel
     """Wall time of the exploration (set-up, compilation and simulation), against the recorded 140 s
     and, given ``baseline_s``, against the contention-free program's wall time measured on this machine.
     ``progress``: optional callable given ``(points done, points)`` over all runs."""
+    import jax
+
     runs = []
     repeat = checks.integer("repeat", repeat, 1)
     baseline_s = _baseline("baseline_s", baseline_s)
+    machine = host()
     for i in range(repeat):
         t0 = time.perf_counter()
         run_progress = None if progress is None else (lambda done, total, i=i: progress(i * total + done, repeat * total))
@@ -272,7 +276,8 @@ def bench_explore(sweep: ex.Sweep, config, repeat: int = 1, progress=None, basel
     same_cpu = {} if baseline_s is None else {"baseline_s": baseline_s, "speedup_vs_baseline": baseline_s / best}
     return {"benchmark": "wsc-explore", "points": runs[0]["points"], "simulated_requests": runs[0]["simulated_requests"],
             "contention": config.contention, "runs": runs, "wall_s_min": best,
-            "recorded_s": RECORDED_EXPLORE_S, "speedup_vs_recorded": RECORDED_EXPLORE_S / best, **same_cpu}
+            "recorded_s": RECORDED_EXPLORE_S, "speedup_vs_recorded": RECORDED_EXPLORE_S / best, **same_cpu,
+            "devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind, **machine}
 
 
 def cmd_bench_explore(args) -> int:
@@ -285,7 +290,7 @@ def cmd_bench_explore(args) -> int:
         emit_json(res)
         return 0
     print(f"wsc-explore: {res['points']} design points, {res['simulated_requests']} simulated requests, contention "
-          f"{res['contention']}")
+          f"{res['contention']}; {res['devices']} x {res['device_kind']} ({describe(res)})")
     print(table(["run", "wall s", "set-up s", "simulation s", "compile s", "requests / wall-s"],
                 [[i, r["wall_s"], r["setup_s"], r["simulate_s"], r["compile_s"], r["simulated_requests"] / r["wall_s"]]
                  for i, r in enumerate(res["runs"])]))

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..bench.machine import describe, host
 from ..specs import SpecError, checks, get_model
 from ..wsc import reference as ref
 from ..wsc.explore import write_rows
@@ -132,6 +133,7 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
     if not 1 <= reference_points <= points:
         raise SpecError(f"--reference-points must be between 1 and --points ({points}), got {reference_points}")
     w = resolve_workload_name(workload)
+    machine = host()
     setup = build_setup(model, hardware, WORKLOAD_PRESETS[w], "wsc", config=config)
     if not setup.feasible:
         raise SpecError(f"{model} cannot be served on {hardware}: {setup.reason}")
@@ -155,7 +157,8 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
             "speedup_incl_compile": (n_arr / first.wall_s) / ref_rps,
             "e2e_mean_rel_err_max": max(e["e2e_mean_rel_err"] for e in errs),
             "e2e_max_rel_err_max": max(e["e2e_max_rel_err"] for e in errs),
-            "same_finished_all": all(e["same_finished"] for e in errs)}
+            "same_finished_all": all(e["same_finished"] for e in errs), "devices": len(jax.local_devices()),
+            "device_kind": jax.local_devices()[0].device_kind, **machine}
 
 
 def cmd_bench_serving(args) -> int:
@@ -175,7 +178,8 @@ def cmd_bench_serving(args) -> int:
         emit_json(res)
         return 0
     print(f"wsc-serving: {res['model']} on {res['hardware']}, {res['workload']} at {res['rate_rps']:.1f} req/s; "
-          f"{res['points']} design points x {res['requests_per_point']} requests ({res['dtype']})")
+          f"{res['points']} design points x {res['requests_per_point']} requests ({res['dtype']}); {res['devices']} x "
+          f"{res['device_kind']} ({describe(res)})")
     print(table(["simulator", "points", "wall s", "requests / wall-s"],
                 [["array jit(vmap(scan)), warm", res["points"], res["array_wall_s"], res["array_requests_per_wall_s"]],
                  ["array, first call (incl. compile)", res["points"], res["array_first_call_s"],

@@ -39,17 +39,19 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
       ``vectorised_best_s``, ``warmup_call_s`` and ``compile_s`` (warm-up minus the median),
       ``reference_wall_s`` (every point one by one), ``speedup`` (reference / vectorised median),
       per-configuration microseconds of both, ``max_rel_err_latency`` between them and
-      ``feasible_configs`` (reference).
+      ``feasible_configs`` (reference), and the host (:func:`mocap_jax.bench.machine.host`).
     """
     import jax
 
     from ..api import resolve, simulate_batch
+    from ..bench.machine import host
     from ..prefill.batch import block_devices
     from .reference import reference_simulate
 
     configs = checks.integer("configs", configs, 1, LIMITS["reference_configs"])
     chunks = checks.integer("chunks", chunks, 1, 1024)
     repeats = checks.integer("repeats", repeats, 1, LIMITS["repeats"])
+    machine = host()
     if dtype not in ("float32", "float64"):
         raise SpecError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     pts = bench_configs(configs, seed, chunks)
@@ -85,7 +87,8 @@ def run_bench_reference(configs: int = 1000, model: str = "llama3-70b", hardware
                 vectorised_wall_s=vec_wall, vectorised_best_s=float(min(walls)), warmup_call_s=warm,
                 compile_s=max(warm - vec_wall, 0.0), reference_wall_s=ref_wall, speedup=ref_wall / vec_wall,
                 reference_per_config_us=1e6 * ref_wall / configs, vectorised_per_config_us=1e6 * vec_wall / configs,
-                max_rel_err_latency=float(np.max(np.abs(lat_vec - lat_ref) / lat_ref)), feasible_configs=feasible)
+                max_rel_err_latency=float(np.max(np.abs(lat_vec - lat_ref) / lat_ref)), feasible_configs=feasible,
+                **machine)
 
 
 __all__ = ["bench_configs", "run_bench_reference"]
