@@ -1,6 +1,8 @@
 """The host description every benchmark reports (`mocap_jax.bench.machine`)."""
 
-from mocap_jax.bench.machine import cpu_name, describe, host
+import jax
+
+from mocap_jax.bench.machine import cpu_name, describe, host, local_devices
 
 TWO_PROCESSORS = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -40,3 +42,8 @@ def test_host_names_the_cpu_its_cores_and_load():
     assert h["cpus"] >= 1 and (h["load_average"] is None or h["load_average"] >= 0)
     assert describe({**h, "load_average": 1.234}) == f"{h['cpu']}, {h['cpus']} cores, load 1.2"
     assert describe({**h, "load_average": None}).endswith("load -")
+
+
+def test_local_devices_count_the_fake_devices():
+    assert local_devices() == {"devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind}
+    assert local_devices()["devices"] == 8                       # conftest: eight fake CPU devices

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 
 from ..api.config import resolve
@@ -13,7 +12,7 @@ from ..partition.dp import check_granularity
 from ..partition.objectives import PartitionContext, PartitionProblem
 from ..search.anneal import anneal
 from ..specs import LIMITS, checks
-from .machine import host
+from .machine import host, local_devices
 
 
 def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks=16, granularity=256, chains=1024,
@@ -53,5 +52,4 @@ def bench_anneal(model="llama3-70b", hardware="mocap-4x4", seq_len=65536, chunks
             "uniform_batch": hint, "total_s": time.perf_counter() - t0, "placement_and_batch_s": placement_s,
             "compile_s": compile_s, "anneal_s": anneal_s, "steps_per_s": chains * steps / anneal_s,
             "uniform_objective_s": start.objective, "best_objective_s": res.objective,
-            "accept_rate": res.accept_rate, "devices": len(jax.local_devices()),
-            "device_kind": jax.local_devices()[0].device_kind, **machine}
+            "accept_rate": res.accept_rate, **local_devices(), **machine}

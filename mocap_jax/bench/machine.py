@@ -43,10 +43,18 @@ def host() -> dict:
     return {"cpu": cpu_name(), "cpus": cpus, "load_average": load}
 
 
+def local_devices() -> dict:
+    """``devices`` (how many local JAX devices) and ``device_kind`` (the first one's)."""
+    import jax
+
+    devices = jax.local_devices()
+    return {"devices": len(devices), "device_kind": devices[0].device_kind}
+
+
 def describe(result: dict) -> str:
     """``"<cpu>, <n> cores, load <x>"`` from a result holding :func:`host`'s fields."""
     load = result.get("load_average")
     return f"{result['cpu']}, {result['cpus']} cores, load {'-' if load is None else f'{load:.1f}'}"
 
 
-__all__ = ["cpu_name", "describe", "host"]
+__all__ = ["cpu_name", "describe", "host", "local_devices"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 
 from ..api.batch import simulate_batch
 from ..api.search import max_feasible_batch
 from ..specs import LIMITS, checks
-from .machine import host
+from .machine import host, local_devices
 
 #: what the benchmark returns per point: the full evaluation's summary (times, memory, feasibility)
 FIELDS = ("prefill_latency_s", "feasible", "throughput_rps", "period_s", "bubble_fraction",
@@ -60,7 +59,7 @@ def bench_pipeline(model: str = "llama3-70b", hardware: str = "mocap-4x4", seq_l
     return {"benchmark": "pipeline", "path": "simulate_batch (full evaluation: times, memory, feasibility)",
             "scheme": scheme, "model": model, "hardware": hardware, "seq_len": seq_len, "chunks": chunks,
             "batch": int(batch), "num_batches": num_batches, "points": int(points), "block": block,
-            "devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind, **machine,
+            **local_devices(), **machine,
             "compile_and_first_block_s": compile_s, "median_s": med, "best_s": min(times),
             "evals_per_s": points / med, "evals_per_s_best": points / min(times),
             "feasible_share": float(np.mean(out["feasible"])),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..bench.machine import describe, host
+from ..bench.machine import describe, host, local_devices
 from ..specs import checks
 from ..wsc import baselines as bl
 from ..wsc import bursts
@@ -261,8 +261,6 @@ def bench_explore(sweep: ex.Sweep, config, repeat: int = 1, progress=None, basel
     """Wall time of the exploration (set-up, compilation and simulation), against the recorded 140 s
     and, given ``baseline_s``, against the contention-free program's wall time measured on this machine.
     ``progress``: optional callable given ``(points done, points)`` over all runs."""
-    import jax
-
     runs = []
     repeat = checks.integer("repeat", repeat, 1)
     baseline_s = _baseline("baseline_s", baseline_s)
@@ -277,7 +275,7 @@ def bench_explore(sweep: ex.Sweep, config, repeat: int = 1, progress=None, basel
     return {"benchmark": "wsc-explore", "points": runs[0]["points"], "simulated_requests": runs[0]["simulated_requests"],
             "contention": config.contention, "runs": runs, "wall_s_min": best,
             "recorded_s": RECORDED_EXPLORE_S, "speedup_vs_recorded": RECORDED_EXPLORE_S / best, **same_cpu,
-            "devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind, **machine}
+            **local_devices(), **machine}
 
 
 def cmd_bench_explore(args) -> int:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..bench.machine import describe, host
+from ..bench.machine import describe, host, local_devices
 from ..specs import SpecError, checks, get_model
 from ..wsc import reference as ref
 from ..wsc.explore import write_rows
@@ -157,8 +157,7 @@ def bench_serving(model: str = "llama3-70b", hardware: str = "wsc-llm-64g", work
             "speedup_incl_compile": (n_arr / first.wall_s) / ref_rps,
             "e2e_mean_rel_err_max": max(e["e2e_mean_rel_err"] for e in errs),
             "e2e_max_rel_err_max": max(e["e2e_max_rel_err"] for e in errs),
-            "same_finished_all": all(e["same_finished"] for e in errs), "devices": len(jax.local_devices()),
-            "device_kind": jax.local_devices()[0].device_kind, **machine}
+            "same_finished_all": all(e["same_finished"] for e in errs), **local_devices(), **machine}
 
 
 def cmd_bench_serving(args) -> int:
