@@ -3,7 +3,8 @@
 Set before JAX is imported anywhere.  Tests that compare float32 with float64 pass
 dtypes explicitly; the package's default stays float32.  The persistent compilation cache is off
 (the commands tests run would otherwise write to the user's cache folder; a run-wide cache saved
-no time, since nearly every program is compiled by one test only).
+no time, since nearly every program is compiled by one test only).  The garbage collector runs as
+under the command line (``mocap_jax.api.process``): the suite's time is mostly tracing and compiling.
 """
 
 import os
@@ -18,7 +19,10 @@ import inspect  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from mocap_jax.api.process import collect_garbage_less_often  # noqa: E402
+
 jax.config.update("jax_enable_x64", True)
+collect_garbage_less_often()
 
 
 @pytest.fixture

@@ -219,6 +219,23 @@ def test_module_entry_point_bad_input_has_no_traceback(tmp_path):
     assert "not valid TOML" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_the_command_line_collects_garbage_less_often_and_keeps_the_older_generations(capsys):
+    """The command line raises only the first generation's collector threshold (tracing allocates
+    many short-lived objects); the older generations keep what the process had."""
+    import gc
+
+    from mocap_jax.api.process import FIRST_GENERATION_THRESHOLD
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 7, 3)
+        assert main(["models"]) == 0
+        assert gc.get_threshold() == (FIRST_GENERATION_THRESHOLD, 7, 3)
+    finally:
+        gc.set_threshold(*before)
+    assert "llama3-70b" in capsys.readouterr().out
+
+
 def test_dtype_float64_on_the_command_line_runs_in_float64(tmp_path):
     """A command that offers --dtype float64 turns 64-bit JAX on itself (a fresh process, without
     JAX_ENABLE_X64), and the answer is the float32 one to float32 rounding."""

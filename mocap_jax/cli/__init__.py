@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from ..api.process import collect_garbage_less_often
 from ..prefill.batch import DishonestResult
 from .common import Parser
 
@@ -107,6 +108,7 @@ def _fail(args, message: str) -> int:
 
 def main(argv=None) -> int:
     _use_all_cpu_cores()
+    collect_garbage_less_often()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
