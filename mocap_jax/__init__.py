@@ -8,8 +8,8 @@ See README.md for a tour and docs/architecture.md for where each rule lives.
 __version__ = "0.2.0"
 
 from .api import (  # noqa: E402
-    SCHEMES, SimResult, disable_compilation_cache, enable_compilation_cache, max_feasible_batch, max_feasible_seq_len,
-    simulate, simulate_batch,
+    SCHEMES, SimResult, collect_garbage_less_often, disable_compilation_cache, enable_compilation_cache,
+    max_feasible_batch, max_feasible_seq_len, simulate, simulate_batch,
 )
 from .schedule.items import uniform_partition  # noqa: E402
 from .schedule.recurrence import finish_times, pipeline_latency  # noqa: E402

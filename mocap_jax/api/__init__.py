@@ -10,9 +10,10 @@ and how to fix it.
 from .batch import simulate_batch
 from .compile_cache import disable_compilation_cache, enable_compilation_cache
 from .config import ADMISSION_MODES, RELEASE_POLICIES, SCHEMES, Config, resolve
+from .process import collect_garbage_less_often
 from .search import largest_true, max_feasible_batch, max_feasible_seq_len
 from .simulate import DEFAULT_MAX_BATCH, SimResult, simulate
 
 __all__ = ["simulate", "simulate_batch", "max_feasible_batch", "max_feasible_seq_len", "largest_true", "resolve",
            "Config", "SimResult", "SCHEMES", "RELEASE_POLICIES", "ADMISSION_MODES", "DEFAULT_MAX_BATCH",
-           "enable_compilation_cache", "disable_compilation_cache"]
+           "enable_compilation_cache", "disable_compilation_cache", "collect_garbage_less_often"]
