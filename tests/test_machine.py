@@ -2,7 +2,7 @@
 
 import jax
 
-from mocap_jax.bench.machine import cpu_name, describe, host, local_devices
+from mocap_jax.bench.machine import cpu_name, describe, describe_devices, host, local_devices
 
 TWO_PROCESSORS = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -47,3 +47,5 @@ def test_host_names_the_cpu_its_cores_and_load():
 def test_local_devices_count_the_fake_devices():
     assert local_devices() == {"devices": len(jax.local_devices()), "device_kind": jax.local_devices()[0].device_kind}
     assert local_devices()["devices"] == 8                       # conftest: eight fake CPU devices
+    h = {**host(), "load_average": 0.5, **local_devices()}
+    assert describe_devices(h) == f"8 x {h['device_kind']} ({h['cpu']}, {h['cpus']} cores, load 0.5)"

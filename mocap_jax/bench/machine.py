@@ -57,4 +57,10 @@ def describe(result: dict) -> str:
     return f"{result['cpu']}, {result['cpus']} cores, load {'-' if load is None else f'{load:.1f}'}"
 
 
-__all__ = ["cpu_name", "describe", "host", "local_devices"]
+def describe_devices(result: dict) -> str:
+    """``"<n> x <kind> (<cpu>, <n> cores, load <x>)"`` from a result holding :func:`local_devices`'s
+    and :func:`host`'s fields."""
+    return f"{result['devices']} x {result['device_kind']} ({describe(result)})"
+
+
+__all__ = ["cpu_name", "describe", "describe_devices", "host", "local_devices"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..bench.machine import describe
+from ..bench.machine import describe_devices
 from .common import dumps, positive_int, progress_bar, seed
 
 
@@ -15,7 +15,7 @@ def cmd_bench_pipeline(args) -> int:
         print(dumps(r))
         return 0
     print(f"{r['path']}: {r['points']:,} random partitions of S = {r['seq_len']:,} into M = {r['chunks']} chunks, "
-          f"{r['scheme']}, B = {r['batch']}, {r['model']} on {r['hardware']}, {r['devices']} x {r['device_kind']} ({describe(r)})")
+          f"{r['scheme']}, B = {r['batch']}, {r['model']} on {r['hardware']}, {describe_devices(r)}")
     print(f"  compile + first block {r['compile_and_first_block_s']:.2f} s (separate)")
     print(f"  median run {r['median_s']:.3f} s  ->  {r['evals_per_s']:,.0f} evaluations/s "
           f"(best {r['evals_per_s_best']:,.0f}/s); feasible {100 * r['feasible_share']:.0f}%, "
@@ -33,7 +33,7 @@ def cmd_bench_anneal(args) -> int:
         print(dumps(r))
         return 0
     print(f"annealing {r['chains']} chains x {r['steps']} steps, {r['model']} on {r['hardware']}, S = {r['seq_len']:,}, "
-          f"M = {r['chunks']}: {r['objective']}; {r['devices']} x {r['device_kind']} ({describe(r)})")
+          f"M = {r['chunks']}: {r['objective']}; {describe_devices(r)}")
     print(f"  total {r['total_s']:.1f} s: placement and uniform B' {r['placement_and_batch_s']:.1f} s, compile "
           f"{r['compile_s']:.1f} s, annealing {r['anneal_s']:.1f} s ({r['steps_per_s']:,.0f} chain-steps/s)")
     print(f"  objective: uniform {r['uniform_objective_s']:.5f} s -> best {r['best_objective_s']:.5f} s per request")

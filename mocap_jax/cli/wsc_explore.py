@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..bench.machine import describe, host, local_devices
+from ..bench.machine import describe_devices, host, local_devices
 from ..specs import checks
 from ..wsc import baselines as bl
 from ..wsc import bursts
@@ -288,7 +288,7 @@ def cmd_bench_explore(args) -> int:
         emit_json(res)
         return 0
     print(f"wsc-explore: {res['points']} design points, {res['simulated_requests']} simulated requests, contention "
-          f"{res['contention']}; {res['devices']} x {res['device_kind']} ({describe(res)})")
+          f"{res['contention']}; {describe_devices(res)}")
     print(table(["run", "wall s", "set-up s", "simulation s", "compile s", "requests / wall-s"],
                 [[i, r["wall_s"], r["setup_s"], r["simulate_s"], r["compile_s"], r["simulated_requests"] / r["wall_s"]]
                  for i, r in enumerate(res["runs"])]))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..bench.machine import describe, host, local_devices
+from ..bench.machine import describe_devices, host, local_devices
 from ..specs import SpecError, checks, get_model
 from ..wsc import reference as ref
 from ..wsc.explore import write_rows
@@ -177,8 +177,8 @@ def cmd_bench_serving(args) -> int:
         emit_json(res)
         return 0
     print(f"wsc-serving: {res['model']} on {res['hardware']}, {res['workload']} at {res['rate_rps']:.1f} req/s; "
-          f"{res['points']} design points x {res['requests_per_point']} requests ({res['dtype']}); {res['devices']} x "
-          f"{res['device_kind']} ({describe(res)})")
+          f"{res['points']} design points x {res['requests_per_point']} requests ({res['dtype']}); "
+          f"{describe_devices(res)}")
     print(table(["simulator", "points", "wall s", "requests / wall-s"],
                 [["array jit(vmap(scan)), warm", res["points"], res["array_wall_s"], res["array_requests_per_wall_s"]],
                  ["array, first call (incl. compile)", res["points"], res["array_first_call_s"],
