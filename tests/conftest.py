@@ -14,6 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MOCAP_JAX_CACHE_DIR", "off")
 
 import ast  # noqa: E402
+import contextlib  # noqa: E402
 import inspect  # noqa: E402
 
 import jax  # noqa: E402
@@ -40,3 +41,25 @@ def imports_of():
         return imported
 
     return collect
+
+
+@pytest.fixture
+def programs_compiled():
+    """``with programs_compiled() as compiled:`` counts the XLA programs compiled inside the block
+    (``len(compiled)``), an operation run outside ``jit`` counting as a program of its own."""
+
+    @contextlib.contextmanager
+    def count():
+        compiled = []
+
+        def listen(event, duration, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                compiled.append(duration)
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            yield compiled
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
+
+    return count

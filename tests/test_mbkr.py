@@ -321,6 +321,18 @@ def test_exhaustive_placement_is_optimal_and_annealing_finds_it_on_small_meshes(
     assert anneal_placement(hw, chains=64, steps=400).cost == pytest.approx(best.cost)
 
 
+def test_exhaustive_placement_compiles_once_per_mesh_size(programs_compiled):
+    """The exhaustive search's cost program is built once, not once per call: other weights on the
+    same mesh size compile nothing."""
+    hw = mocap_wafer(2, 3)
+    exhaustive_placement(hw, pair_weight=2.0)
+    with programs_compiled() as compiled:
+        heavy_pairs = exhaustive_placement(hw, pair_weight=5.0)
+    assert not compiled
+    every = [evaluate_placement(hw, p, pair_weight=5.0).cost for p in itertools.permutations(range(6))]
+    assert heavy_pairs.cost == pytest.approx(min(every))
+
+
 def test_no_placement_puts_every_pair_and_neighbour_adjacent_when_half_is_even():
     hw = get_hardware("mocap-2x4")
     best = exhaustive_placement(hw)

@@ -80,6 +80,16 @@ def test_timeline_peaks_agree_with_peak():
     np.testing.assert_allclose(r.timeline_kv_bytes.max(0), r.kv_peak_bytes_per_stage, rtol=1e-6)
 
 
+def test_a_new_shape_with_its_timeline_compiles_two_programs(programs_compiled):
+    """simulate() of a configuration whose shape no program has seen compiles its evaluation and its
+    timeline's tables, one program each: built operation by operation, the tables cost a program per
+    operation (seconds for every new shape)."""
+    with programs_compiled() as compiled:
+        r = mj.simulate("llama3-8b", mj.mocap_wafer(1, 3), 3000, chunks=5, batch=3, num_batches=3)
+    assert len(compiled) == 2
+    np.testing.assert_allclose(r.timeline_kv_bytes.max(0), r.kv_peak_bytes_per_stage, rtol=1e-6)
+
+
 def test_batched_equals_loop_of_single_simulations():
     rng = np.random.default_rng(0)
     S = 16384

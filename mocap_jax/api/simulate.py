@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import jax
@@ -95,6 +96,16 @@ class SimResult:
         return d
 
 
+@partial(jax.jit, static_argnums=2)
+def _timeline_tables(point, finish, shape: SimShape):
+    """What the occupancy timeline reads of a configuration's structure, as one program (``[E, N]``
+    KV and activation bytes, ``[E, N]`` release time of each item's KV, ``[E]`` valid items): the
+    structure's tables built op by op would compile each operation on its own, every new shape."""
+    s = Structure(point, shape)
+    release = memory.release_times(finish, s.ends, shape.release)
+    return s.kv_all, s.act_all, memory.item_release_times(release, s.group), s.valid
+
+
 def occupancy_timeline(ev, point, n: int, shape: SimShape, points: int = 1024):
     """Per-stage KV (own, hosted, being written) and memory over time from one evaluation.
 
@@ -102,20 +113,15 @@ def occupancy_timeline(ev, point, n: int, shape: SimShape, points: int = 1024):
     ``points`` of them, evenly subsampled), each stage's level just after it.
     """
     start, finish = np.asarray(ev.start), np.asarray(ev.finish)
-    s = Structure(point, shape)
-    kv, act = np.asarray(s.kv_all), np.asarray(s.act_all)
-    ends = np.asarray(s.ends)
-    release = np.asarray(memory.release_times(finish, ends, shape.release))
-    group = np.asarray(s.group)
-    item_release = release[group]                                             # [E, N]
-    valid = np.asarray(s.valid)[:, None]
+    kv, act, item_release, valid = jax.device_get(_timeline_tables(point, ev.finish, shape))
+    valid = valid[:, None]
     moved = np.asarray(ev.moved)
     host = np.asarray(ev.host)
     times = np.unique(np.concatenate([start[valid[:, 0]].ravel(), finish[valid[:, 0]].ravel()]))
     if len(times) > points:
         times = times[np.linspace(0, len(times) - 1, points).astype(int)]
-    own_kv, active = (np.asarray(x) for x in memory.occupancy(start, finish, np.where(valid, kv - moved, 0.0),
-                                                              np.where(valid, act, 0.0), item_release, times))
+    own_kv, active = memory.occupancy(start, finish, np.where(valid, kv - moved, 0.0), np.where(valid, act, 0.0),
+                                      item_release, times, xp=np)
     at = times[:, None, None]
     held = (start[None] <= at) & (at < item_release[None])                    # spilled KV lives from the start
     hosted = np.zeros_like(own_kv)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,12 @@ def _cost(C, pairs, n: int, handoff_weight, pair_weight, perm):
     return handoff_weight * pipe + pair_weight * pair
 
 
+@partial(jax.jit, static_argnums=2)
+def _costs(C, pairs, n: int, handoff_weight, pair_weight, perms):
+    """:func:`_cost` of every permutation ``perms [P, S]``, ``[P]``."""
+    return jax.vmap(lambda p: _cost(C, pairs, n, handoff_weight, pair_weight, p))(perms)
+
+
 @pytree
 class PlacementContext:
     """Numbers of a placement search: ``cost [S, S]`` route lengths between slots, ``pairs
@@ -188,8 +195,8 @@ def search_slots(cost, num_stages: int, pairs, default, handoff_weight: float = 
             raise ValueError(f"exhaustive placement enumerates {S}! maps; use it on at most {EXHAUSTIVE_MAX_DIES} "
                              f"dies or tiles")
         perms = np.array(list(itertools.permutations(range(S), n)), dtype=np.int64)
-        C, pj = jnp.asarray(cost), jnp.asarray(pairs)
-        costs = np.asarray(jax.jit(jax.vmap(lambda p: _cost(C, pj, n, handoff_weight, pair_weight, p)))(perms))
+        costs = np.asarray(_costs(np.asarray(cost), np.asarray(pairs), n, float(handoff_weight), float(pair_weight),
+                                  perms))
         return perms[int(np.argmin(costs))], "exhaustive"
     default = np.asarray(default, np.int64)
     start = np.concatenate([default, np.setdiff1d(np.arange(S), default)])

@@ -119,12 +119,14 @@ def peak_memory(start, tokens, per_token, activation, weights, ends, release, va
     return peak, jnp.max(kv_now, axis=0), at_start
 
 
-def occupancy(start, finish, kv, activation, item_release, times):
+def occupancy(start, finish, kv, activation, item_release, times, xp=jnp):
     """KV held and activation bytes of each stage just after each time in ``times`` (one configuration).
 
     Args:
       start, finish, kv, activation, item_release: ``[E, N]`` per item and stage.
       times: ``[T]`` query times (s).
+      xp: array module, ``jax.numpy`` or ``numpy`` (on the host, where ``T`` changes from call to
+        call and each length would be a program of its own).
 
     Returns:
       ``(kv [T, N], activation [T, N])`` bytes: KV held or being written, and the in-flight item's
@@ -133,5 +135,5 @@ def occupancy(start, finish, kv, activation, item_release, times):
     at = times[:, None, None]
     running = (start[None] <= at) & (at < finish[None])
     holding = running | ((finish[None] <= at) & (at < item_release[None]))
-    return (jnp.sum(jnp.where(holding, kv[None], 0.0), axis=1),
-            jnp.sum(jnp.where(running, activation[None], 0.0), axis=1))
+    return (xp.sum(xp.where(holding, kv[None], 0.0), axis=1),
+            xp.sum(xp.where(running, activation[None], 0.0), axis=1))
