@@ -13,7 +13,7 @@ import mocap_jax as mj
 from mocap_jax.api import resolve
 from mocap_jax.api.search import largest_feasible_batch
 from mocap_jax.costs import HardwareParams, ModelParams, StageLayout
-from mocap_jax.partition.dp import check_granularity, chunk_cost_matrix, proxy_dp, proxy_objective, terapipe_dp
+from mocap_jax.partition.dp import check_granularity, chunk_cost_matrix_jit, proxy_dp, proxy_objective, terapipe_dp
 from mocap_jax.partition.objectives import PartitionContext, PartitionProblem
 from mocap_jax.partition.plan import PlanSettings, plan_partition
 from mocap_jax.search import anneal as anneal_module
@@ -33,7 +33,7 @@ def cost_matrix(model, hw, U, g, B, dtype=np.float64):
     m, h = get_model(model), get_hardware(hw)
     n = h.num_dies
     layout = StageLayout.snake(h, n, n, dtype)
-    C = chunk_cost_matrix(ModelParams.from_spec(m, dtype), HardwareParams.from_spec(h, dtype), layout, U, g, B, n)
+    C = chunk_cost_matrix_jit(ModelParams.from_spec(m, dtype), HardwareParams.from_spec(h, dtype), layout, U, g, B, n)
     return np.asarray(C), n
 
 

@@ -18,6 +18,15 @@ from mocap_jax.schedule.shape import Admission, SimShape
 from mocap_jax.specs import ModelSpec, get_hardware, get_model, mocap_wafer
 
 
+# the kernels as the evaluator runs them, compiled (run operation by operation, each operation of
+# each shape would be a program of its own)
+finish_times_program = jax.jit(finish_times)
+wavefront_program = jax.jit(wavefront)
+latency_program = jax.jit(pipeline_latency)
+held_program = jax.jit(memory.held_before_start, static_argnums=6)
+timeline_program = jax.jit(timeline, static_argnums=2)
+
+
 def oracle(t, d, ready=None, stage_free=None):
     """finish[k, s] = max(finish[k-1, s], finish[k, s-1] + d[k, s-1], ready[k] if s == 0) + t[k, s]."""
     K, N = t.shape
@@ -67,9 +76,9 @@ def test_closed_forms(seed):
     rng = np.random.default_rng(seed)
     K, N = int(rng.integers(1, 40)), int(rng.integers(1, 20))
     tau = rng.uniform(1e-4, 1.0)
-    assert float(pipeline_latency(jnp.full((K, N), tau))) == pytest.approx((K + N - 1) * tau, rel=1e-12)
+    assert float(latency_program(jnp.full((K, N), tau))) == pytest.approx((K + N - 1) * tau, rel=1e-12)
     t_k = rng.uniform(1e-3, 1.0, K)
-    got = pipeline_latency(jnp.asarray(np.repeat(t_k[:, None], N, axis=1)))
+    got = latency_program(jnp.asarray(np.repeat(t_k[:, None], N, axis=1)))
     assert float(got) == pytest.approx(t_k.sum() + (N - 1) * t_k.max(), rel=1e-12)
 
 
@@ -79,21 +88,21 @@ def test_finish_times_match_the_oracle_with_handoffs_ready_and_stage_free(seed):
     K, N = int(rng.integers(1, 12)), int(rng.integers(1, 9))
     t, d = rng.uniform(0, 1, (K, N)), rng.uniform(0, 0.5, (K, N))
     ready, free = rng.uniform(0, 3, K), rng.uniform(0, 3, N)
-    np.testing.assert_allclose(finish_times(t, d, ready, free), oracle(t, d, ready, free), rtol=1e-12)
+    np.testing.assert_allclose(finish_times_program(t, d, ready, free), oracle(t, d, ready, free), rtol=1e-12)
     # the same under vmap (configurations kept as a trailing batch axis inside) and batched leading axes
     tb, db = np.stack([t, 2 * t]), np.stack([d, d])
     want = np.stack([oracle(t, d), oracle(2 * t, d)])
-    np.testing.assert_allclose(jax.vmap(finish_times)(tb, db), want, rtol=1e-12)
-    np.testing.assert_allclose(finish_times(tb, db), want, rtol=1e-12)
-    np.testing.assert_allclose(wavefront(np.moveaxis(tb, 0, -1), np.moveaxis(db, 0, -1))[..., 1], want[1],
+    np.testing.assert_allclose(jax.jit(jax.vmap(finish_times))(tb, db), want, rtol=1e-12)
+    np.testing.assert_allclose(finish_times_program(tb, db), want, rtol=1e-12)
+    np.testing.assert_allclose(wavefront_program(np.moveaxis(tb, 0, -1), np.moveaxis(db, 0, -1))[..., 1], want[1],
                                rtol=1e-12)
 
 
 def test_float32_agrees_with_float64():
     rng = np.random.default_rng(7)
     t, d = rng.uniform(0, 1, (32, 16)), rng.uniform(0, 0.1, (32, 16))
-    f64 = finish_times(jnp.asarray(t), jnp.asarray(d))
-    f32 = finish_times(jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32))
+    f64 = finish_times_program(jnp.asarray(t), jnp.asarray(d))
+    f32 = finish_times_program(jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32))
     np.testing.assert_allclose(f32, f64, rtol=1e-5)
 
 
@@ -102,13 +111,13 @@ def test_synchronous_batches_wait_for_the_previous_exit():
     K, N = 5, 4
     t, d = rng.uniform(0.1, 1, (K, N)), rng.uniform(0, 0.1, (K, N))
     shape = SimShape(items=K, stages=N, batches=3, admission=Admission.SYNCHRONOUS)
-    got = np.asarray(timeline(np.tile(t, (3, 1)), np.tile(d, (3, 1)), shape)[0]).reshape(3, K, N)
+    got = np.asarray(timeline_program(np.tile(t, (3, 1)), np.tile(d, (3, 1)), shape)[0]).reshape(3, K, N)
     free, exit_time = np.zeros(N), 0.0
     for j in range(3):
         want = oracle(t, d, np.full(K, exit_time), free)
         np.testing.assert_allclose(got[j], want, rtol=1e-12)
         free, exit_time = want[-1], want[-1, -1]
-    streaming = np.asarray(timeline(np.tile(t, (3, 1)), np.tile(d, (3, 1)),
+    streaming = np.asarray(timeline_program(np.tile(t, (3, 1)), np.tile(d, (3, 1)),
                                     shape._replace(admission=Admission.STREAMING))[0])
     np.testing.assert_allclose(streaming, oracle(np.tile(t, (3, 1)), np.tile(d, (3, 1))), rtol=1e-12)
 
@@ -198,8 +207,8 @@ def test_held_kv_before_each_start_against_its_definition(groups, policy):
     start = np.sort(rng.uniform(0, 10, (E, N)), axis=0)
     # a group is released after its last item started there, and groups are released in order
     release = np.maximum.accumulate(start[ends] + rng.uniform(0.01, 3, (groups, N)), axis=0)
-    got = memory.held_before_start(jnp.asarray(start), jnp.asarray(tokens), jnp.asarray(per_token),
-                                   jnp.asarray(ends), jnp.asarray(release), jnp.asarray(first), policy)
+    got = held_program(jnp.asarray(start), jnp.asarray(tokens), jnp.asarray(per_token), jnp.asarray(ends),
+                       jnp.asarray(release), jnp.asarray(first), policy)
     want = _held_oracle(start, tokens[:, None] * per_token[None, :], group, release, policy)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-3)
 

@@ -239,10 +239,9 @@ def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
     points = [(setup, synthetic_trace("azure-conv", 24, (1.0 + 0.5 * k) * setup.served_rps, seed=40 + k))
               for k in range(3)]
     shape = si.shape_for([p[0] for p in points], 24, CONFIG)
-    inputs = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)),
-                                    *[si.pack_inputs(s, tr, shape) for s, tr in points])
-    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), ss.state_shapes(inputs, shape))
-    restart = jnp.ones(3, bool)
+    inputs = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[si.pack_inputs(s, tr, shape) for s, tr in points])
+    zeros = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), ss.state_shapes(inputs, shape))
+    restart = np.ones(3, bool)
     R = min(shape.decode_parallel, shape.decode)
     run = lambda capacity: jax.jit(lambda i, s, r: ss.scan_batch(i, s, r, shape, 800, capacity))(inputs, zeros, restart)
     plain, plain_done = run(3 * R)
@@ -259,8 +258,8 @@ def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
         assert np.array_equal(packed.totals.leaped, plain.totals.leaped)
         np.testing.assert_allclose(packed.totals.kv_area, plain.totals.kv_area, rtol=1e-6)
     # a boundary that is not due gives what the packed step puts in the place of one not computed
-    one = jax.tree_util.tree_map(lambda x: x[0], inputs), jax.tree_util.tree_map(lambda x: x[0], plain)
+    one = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], (inputs, plain))
     busy = int(np.argmax(np.asarray(plain.decode.load[0]) > 0)) if np.any(plain.decode.load[0] > 0) else 0
-    out = decode_boundary(*one, jnp.int32(busy), one[0].requests.arrival[-1], False, shape)
+    out = jax.jit(decode_boundary, static_argnums=5)(*one, jnp.int32(busy), one[0].requests.arrival[-1], False, shape)
     for name in ("instance", "finished", "freed", "kv_area", "any_finish", "leaped"):
         assert np.all(np.asarray(getattr(out, name)) == idle_value(name, shape)), name
