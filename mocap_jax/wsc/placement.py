@@ -340,6 +340,12 @@ def anneal_placement(wafer: WaferSpec, layout0: Layout, alpha: float = 1.0, chai
     return anneal_placements(wafer, [layout0], [alpha], chains, steps, seed, t_start, t_end, devices)[0]
 
 
+@jax.jit
+def _layout_costs(prefill_dies, decode_dies, hops, incidence, alpha):
+    """TransferCost of every enumerated layout, ``[K]`` from centre dies ``[K, P]`` and ``[K, Q]``."""
+    return jax.vmap(lambda p, d: transfer_cost_arrays(p, d, hops, incidence, alpha)[0])(prefill_dies, decode_dies)
+
+
 def exhaustive_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode_shape, n_decode: int,
                          alpha: float = 1.0, max_layouts: int = 200_000) -> tuple[Layout, float, int]:
     """The TransferCost optimum over every layout (small meshes only).
@@ -355,9 +361,7 @@ def exhaustive_placement(wafer: WaferSpec, prefill_shape, n_prefill: int, decode
     if not layouts:
         raise SpecError(f"these instances cannot be packed on {wafer.name}")
     g = _Geometry(wafer)
-    costs = jax.vmap(lambda p, d: transfer_cost_arrays(p, d, jnp.asarray(g.hops), jnp.asarray(g.incidence),
-                                                       jnp.asarray(float(alpha)))[0])(jnp.asarray(pre), jnp.asarray(dec))
-    costs = np.asarray(costs)
+    costs = np.asarray(_layout_costs(pre, dec, g.hops, g.incidence, np.asarray(float(alpha), jnp.result_type(float))))
     k = int(np.argmin(costs))
     layout = _from_packing(wafer, layouts[k], KINDS)
     return layout, float(transfer_cost(wafer, layout, alpha).cost), len(layouts)
