@@ -186,6 +186,19 @@ def test_top_level_exports():
     assert resolve("llama3.1-8b", "mocap-2x2", 4096).stages == 4
 
 
+def test_the_recurrence_given_numbers_runs_as_one_program(programs_compiled):
+    """``mj.finish_times`` called with numbers compiles the recurrence as one program (kept per shape),
+    not each step of the wavefront on its own, and a second call compiles nothing."""
+    t = np.random.default_rng(0).uniform(0.1, 1.0, (3, 11, 7))
+    with programs_compiled() as compiled:
+        first = mj.finish_times(t)
+    assert len(compiled) == 1
+    with programs_compiled() as compiled:
+        again = mj.finish_times(2 * t)
+    assert not compiled
+    np.testing.assert_allclose(again, 2 * np.asarray(first), rtol=1e-6)
+
+
 @pytest.mark.slow
 def test_a_hundred_thousand_random_valid_points_are_honest():
     """>= 100,000 random valid points through simulate_batch: no NaN, no feasible point with a non-finite

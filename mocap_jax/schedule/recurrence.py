@@ -131,14 +131,25 @@ def finish_times(t, handoff: Optional[jax.Array] = None, ready: Optional[jax.Arr
     for name, x, durations in (("t", t, True), ("handoff", handoff, True), ("ready", ready, False),
                                ("stage_free", stage_free, False)):
         _check_concrete(name, x, durations)
-    t = jnp.asarray(t)
+    # given numbers, the recurrence runs as one compiled program (kept per shape and dtype): run
+    # operation by operation, every step of the wavefront would be dispatched, and first compiled, alone
+    traced = any(isinstance(x, jax.core.Tracer) for x in (t, handoff, ready, stage_free))
+    t = jnp.asarray(t) if traced else np.asarray(t)
     if t.ndim < 2:
         raise ValueError(f"t must have shape [..., K, N] (items, stages), got shape {t.shape}")
     if not jnp.issubdtype(t.dtype, jnp.floating):
         t = t.astype(jnp.result_type(float))
+    return (_filled_finish if traced else _filled_finish_compiled)(t, handoff, ready, stage_free)
+
+
+def _filled_finish(t, handoff, ready, stage_free):
+    """:func:`_finish` with the optional arguments filled in (zeros) and broadcast to their shapes."""
     batch, (K, N) = t.shape[:-2], t.shape[-2:]
     full = lambda x, shape: jnp.zeros(shape, t.dtype) if x is None else jnp.broadcast_to(jnp.asarray(x, t.dtype), shape)
     return _finish(t, full(handoff, t.shape), full(ready, batch + (K,)), full(stage_free, batch + (N,)))
+
+
+_filled_finish_compiled = jax.jit(_filled_finish)
 
 
 def _check_concrete(name: str, x, durations: bool) -> None:
