@@ -19,10 +19,9 @@ from mocap_jax.specs import ModelSpec, get_hardware, get_model, mocap_wafer
 
 
 # the kernels as the evaluator runs them, compiled (run operation by operation, each operation of
-# each shape would be a program of its own)
-finish_times_program = jax.jit(finish_times)
+# each shape would be a program of its own; finish_times and pipeline_latency compile themselves
+# when given numbers)
 wavefront_program = jax.jit(wavefront)
-latency_program = jax.jit(pipeline_latency)
 held_program = jax.jit(memory.held_before_start, static_argnums=6)
 timeline_program = jax.jit(timeline, static_argnums=2)
 
@@ -76,9 +75,9 @@ def test_closed_forms(seed):
     rng = np.random.default_rng(seed)
     K, N = int(rng.integers(1, 40)), int(rng.integers(1, 20))
     tau = rng.uniform(1e-4, 1.0)
-    assert float(latency_program(jnp.full((K, N), tau))) == pytest.approx((K + N - 1) * tau, rel=1e-12)
+    assert float(pipeline_latency(jnp.full((K, N), tau))) == pytest.approx((K + N - 1) * tau, rel=1e-12)
     t_k = rng.uniform(1e-3, 1.0, K)
-    got = latency_program(jnp.asarray(np.repeat(t_k[:, None], N, axis=1)))
+    got = pipeline_latency(jnp.asarray(np.repeat(t_k[:, None], N, axis=1)))
     assert float(got) == pytest.approx(t_k.sum() + (N - 1) * t_k.max(), rel=1e-12)
 
 
@@ -88,12 +87,12 @@ def test_finish_times_match_the_oracle_with_handoffs_ready_and_stage_free(seed):
     K, N = int(rng.integers(1, 12)), int(rng.integers(1, 9))
     t, d = rng.uniform(0, 1, (K, N)), rng.uniform(0, 0.5, (K, N))
     ready, free = rng.uniform(0, 3, K), rng.uniform(0, 3, N)
-    np.testing.assert_allclose(finish_times_program(t, d, ready, free), oracle(t, d, ready, free), rtol=1e-12)
+    np.testing.assert_allclose(finish_times(t, d, ready, free), oracle(t, d, ready, free), rtol=1e-12)
     # the same under vmap (configurations kept as a trailing batch axis inside) and batched leading axes
     tb, db = np.stack([t, 2 * t]), np.stack([d, d])
     want = np.stack([oracle(t, d), oracle(2 * t, d)])
     np.testing.assert_allclose(jax.jit(jax.vmap(finish_times))(tb, db), want, rtol=1e-12)
-    np.testing.assert_allclose(finish_times_program(tb, db), want, rtol=1e-12)
+    np.testing.assert_allclose(finish_times(tb, db), want, rtol=1e-12)
     np.testing.assert_allclose(wavefront_program(np.moveaxis(tb, 0, -1), np.moveaxis(db, 0, -1))[..., 1], want[1],
                                rtol=1e-12)
 
@@ -101,8 +100,8 @@ def test_finish_times_match_the_oracle_with_handoffs_ready_and_stage_free(seed):
 def test_float32_agrees_with_float64():
     rng = np.random.default_rng(7)
     t, d = rng.uniform(0, 1, (32, 16)), rng.uniform(0, 0.1, (32, 16))
-    f64 = finish_times_program(jnp.asarray(t), jnp.asarray(d))
-    f32 = finish_times_program(jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32))
+    f64 = finish_times(jnp.asarray(t), jnp.asarray(d))
+    f32 = finish_times(jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32))
     np.testing.assert_allclose(f32, f64, rtol=1e-5)
 
 
