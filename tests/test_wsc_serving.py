@@ -68,6 +68,21 @@ def test_float32_program_with_contention_agrees_with_the_float64_reference(setup
     assert ag["e2e_mean_rel_err"] < 1e-4 and ag["ttft_mean_rel_err"] < 1e-3 and ag["aggregate_max_rel_err"] < 1e-3
 
 
+def test_a_short_run_compiled_with_the_loop_emitters_gives_the_fusion_emitters_results(setup, monkeypatch):
+    """A short run compiles with XLA:CPU's loop emitters (its compile time is most of the run); the same run
+    compiled with the fusion emitters of long runs makes every decision the same at the same times."""
+    assert sv.compile_options(60)["xla_cpu_use_fusion_emitters"] is False
+    assert "xla_cpu_use_fusion_emitters" not in sv.compile_options(sv.LOOP_EMITTERS_BELOW_REQUESTS)
+    loop = _run(setup, seed=3)
+    monkeypatch.setattr(sv, "LOOP_EMITTERS_BELOW_REQUESTS", 0)
+    fused = _run(setup, seed=3)
+    for k in ("pinst", "dinst", "dropped"):
+        assert np.array_equal(loop.raw[k], fused.raw[k]), k
+    for k in ("ttft_t", "finish_t", "ready_t"):
+        np.testing.assert_allclose(loop.raw[k], fused.raw[k], rtol=1e-6, atol=0, err_msg=k)
+    assert loop.metrics["events"] == fused.metrics["events"] and loop.metrics["leaped"] == fused.metrics["leaped"]
+
+
 def test_determinism_under_a_seed(setup):
     a, b, c = _run(setup, seed=7), _run(setup, seed=7), _run(setup, seed=8)
     for k in ("ttft_t", "finish_t", "ready_t", "pinst", "dinst"):
@@ -243,7 +258,9 @@ def test_packed_decode_boundaries_give_the_plain_steps_results(setup):
     zeros = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), ss.state_shapes(inputs, shape))
     restart = np.ones(3, bool)
     R = min(shape.decode_parallel, shape.decode)
-    run = lambda capacity: jax.jit(lambda i, s, r: ss.scan_batch(i, s, r, shape, 800, capacity))(inputs, zeros, restart)
+    options = sv.compile_options(3 * 24)      # a short run's options, as the product compiles it
+    run = lambda capacity: jax.jit(lambda i, s, r: ss.scan_batch(i, s, r, shape, 800, capacity),
+                                   compiler_options=options)(inputs, zeros, restart)
     plain, plain_done = run(3 * R)
     assert np.all(plain_done)
     rs = plain.requests

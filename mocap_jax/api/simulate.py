@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..costs.computed_once import COMPILER_OPTIONS
+from ..costs.computed_once import COMPILE_BOUND_OPTIONS
 from ..mbkr.pairing import DEFAULT_P1, DEFAULT_P2, DEFAULT_READ_OVERLAP
 from ..prefill.batch import check_honest
 from ..prefill.evaluate import Structure, evaluate
@@ -20,7 +20,7 @@ from ..schedule.shape import MBKRMode, SimShape
 from ..specs import LIMITS, checks
 from .config import Config, resolve
 
-_evaluate_one = jax.jit(evaluate, static_argnums=1, compiler_options=COMPILER_OPTIONS)
+_evaluate_one = jax.jit(evaluate, static_argnums=1, compiler_options=COMPILE_BOUND_OPTIONS)
 
 #: default largest batch of ``batch="auto"`` searches
 DEFAULT_MAX_BATCH = 1024

@@ -33,6 +33,11 @@ def compiler_options(*disabled_passes: str) -> dict:
 
 #: compile options of every program that runs the evaluator
 COMPILER_OPTIONS = compiler_options()
+#: compile options of a program whose call is almost all compilation (a single configuration, or a block
+#: of a few): XLA:CPU's loop emitters instead of its MLIR fusion emitters, which pay a fixed cost for
+#: each of the program's hundreds of kernels.  Their kernels run the spill passes several times slower,
+#: so programs over many configurations keep the fusion emitters (docs/performance.md, "Compilation").
+COMPILE_BOUND_OPTIONS = {**COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": False}
 
 
 def computed_once(values):
@@ -41,4 +46,5 @@ def computed_once(values):
     return jax.lax.optimization_barrier(values)
 
 
-__all__ = ["BARRIER_PASS", "COMPILER_OPTIONS", "HOIST_PASS", "compiler_options", "computed_once"]
+__all__ = ["BARRIER_PASS", "COMPILE_BOUND_OPTIONS", "COMPILER_OPTIONS", "HOIST_PASS", "compiler_options",
+           "computed_once"]

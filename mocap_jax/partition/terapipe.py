@@ -60,7 +60,7 @@ import numpy as np
 
 from ..api.config import check_dtype, check_stages
 from ..costs import HardwareParams, ModelParams, StageLayout
-from ..costs.computed_once import COMPILER_OPTIONS
+from ..costs.computed_once import COMPILE_BOUND_OPTIONS
 from ..prefill.evaluate import evaluate
 from ..prefill.points import build_point, stage_layout
 from ..schedule.items import ItemTable, item_table, pad_items
@@ -154,7 +154,7 @@ def _plan_at(tables, cap):
 
 
 _plans = jax.jit(jax.vmap(_plan_at, in_axes=(None, 0)))
-_evaluate_jit = jax.jit(evaluate, static_argnums=1, compiler_options=COMPILER_OPTIONS)
+_evaluate_jit = jax.jit(evaluate, static_argnums=1, compiler_options=COMPILE_BOUND_OPTIONS)
 """:func:`_plan_at` for a batch of caps ``[P]`` (tables ``[B_pad, U + 1, U + 1]``): ``G_c [P, B_pad + 1]``,
 slicing backpointers ``[P, B_pad, U + 1]``, split backpointers ``[P, B_pad]``."""
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ..costs.computed_once import COMPILER_OPTIONS
+from ..costs.computed_once import COMPILE_BOUND_OPTIONS, COMPILER_OPTIONS
 from ..schedule.shape import MBKRMode, SimShape, Spill, bucket
 from .evaluate import Evaluation, Point, evaluate
 
@@ -199,6 +199,12 @@ def _block_size(count: int, block: int) -> int:
     return block if count > block else min(bucket(count, 8), block)
 
 
+def _block_cells(shape: SimShape, size: int) -> int:
+    """A block's work in item-stage cells, an MBKR cell counting :data:`MBKR_CELL_WEIGHT`."""
+    weight = MBKR_CELL_WEIGHT if shape.mbkr != MBKRMode.OFF else 1
+    return size * shape.items * shape.batches * shape.stages * weight
+
+
 def block_devices(shape: SimShape, count: int, block: int = BLOCK, devices: Sequence | None = None) -> list:
     """The devices :func:`evaluate_points` shards each block of ``count`` configurations over.
 
@@ -207,27 +213,35 @@ def block_devices(shape: SimShape, count: int, block: int = BLOCK, devices: Sequ
     """
     size = _block_size(count, block)
     local = list(devices) if devices is not None else jax.local_devices()
-    weight = MBKR_CELL_WEIGHT if shape.mbkr != MBKRMode.OFF else 1
-    cells = size * shape.items * shape.batches * shape.stages * weight
-    if size % len(local) or (devices is None and cells < SHARD_CELLS):
+    if size % len(local) or (devices is None and _block_cells(shape, size) < SHARD_CELLS):
         return local[:1]
     return local
 
 
+def block_options(shape: SimShape, count: int, block: int = BLOCK) -> dict:
+    """Compile options of the block program for ``count`` configurations: a block whose work is below
+    :data:`SHARD_CELLS` is compiled as a single configuration's program is
+    (:data:`~mocap_jax.costs.computed_once.COMPILE_BOUND_OPTIONS`), its call being almost all compilation."""
+    small = _block_cells(shape, _block_size(count, block)) < SHARD_CELLS
+    return COMPILE_BOUND_OPTIONS if small else COMPILER_OPTIONS
+
+
 @functools.lru_cache(maxsize=128)
-def _program(shape: SimShape, fields: tuple, axes_leaves: tuple, treedef, devices: tuple, step: int):
+def _program(shape: SimShape, fields: tuple, axes_leaves: tuple, treedef, devices: tuple, step: int,
+             options: tuple = tuple(COMPILER_OPTIONS.items())):
     """The compiled block program: ``(batched leaves, shared leaves) -> fields``, each device taking
-    its share of the block's configurations (``shard_map``)."""
+    its share of the block's configurations (``shard_map``); ``options``: compile options as items."""
     fn = functools.partial(evaluate_steps, treedef=treedef, axes_leaves=axes_leaves, shape=shape, fields=fields,
                            step=step)
+    options = dict(options)
     if len(devices) == 1:
-        return jax.jit(fn, compiler_options=COMPILER_OPTIONS), None, None
+        return jax.jit(fn, compiler_options=options), None, None
     mesh = jax.make_mesh((len(devices),), ("points",), axis_types=(AxisType.Auto,), devices=devices)
     rows = NamedSharding(mesh, PartitionSpec("points"))
     shared = NamedSharding(mesh, PartitionSpec())
     mapped = jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec("points"), PartitionSpec()),
                            out_specs=PartitionSpec("points"), check_vma=False)
-    return jax.jit(mapped, compiler_options=COMPILER_OPTIONS), rows, shared
+    return jax.jit(mapped, compiler_options=options), rows, shared
 
 
 def batch_axes(points: Point, batched_leaf) -> Point:
@@ -256,7 +270,8 @@ def evaluate_points(points: Point, shape: SimShape, axes, count: int, fields: Se
     step = min(step_size(shape), size // nd)
     size = -(-size // (step * nd)) * step * nd
     leaves, treedef = flatten_axes(axes)
-    program, rows, shared = _program(shape, tuple(fields), leaves, treedef, tuple(local), step)
+    options = tuple(block_options(shape, count, block).items())
+    program, rows, shared = _program(shape, tuple(fields), leaves, treedef, tuple(local), step, options)
     flat_points = jax.tree_util.tree_leaves(points)
     shared_leaves = [np.asarray(x) for x, ax in zip(flat_points, leaves) if ax is None]
     if shared is not None:

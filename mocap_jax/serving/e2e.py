@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..costs.computed_once import COMPILER_OPTIONS
+from ..costs.computed_once import COMPILE_BOUND_OPTIONS
 from ..prefill.evaluate import Point, Structure
 from ..prefill.points import replace_items
 from ..schedule.items import chunked_items, gpipe_items
@@ -93,7 +93,7 @@ def e2e_latency(point: Point, partition, seq_len, microbatch, batch_cap, arrival
                 p50_s=jnp.percentile(e2e, 50), p99_s=jnp.percentile(e2e, 99), throughput_rps=R / makespan)
 
 
-e2e_latency_jit = jax.jit(e2e_latency, static_argnames=("shape",), compiler_options=COMPILER_OPTIONS)
+e2e_latency_jit = jax.jit(e2e_latency, static_argnames=("shape",), compiler_options=COMPILE_BOUND_OPTIONS)
 
 #: End-to-end latency is computed on an absolute clock (arrival times), so its float spacing at
 #: the last event must stay below this share of the median end-to-end latency, or the latencies

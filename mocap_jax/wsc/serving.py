@@ -45,6 +45,12 @@ _COMPILED: dict = {}
 #: runs of at least OPTIMISE_FROM_REQUESTS simulated requests compile at level 1, shorter ones
 #: (where compilation dominates) at level 0.
 OPTIMISE_FROM_REQUESTS = 4096
+#: Runs of fewer than LOOP_EMITTERS_BELOW_REQUESTS simulated requests also compile with XLA:CPU's loop
+#: emitters instead of its MLIR fusion emitters: those pay a fixed cost for each of the program's
+#: hundreds of kernels, which dominates a run this short, while their faster kernels pay it back only
+#: over many steps (about even at 1,280 requests; docs/wsc_llm.md, "Performance").
+LOOP_EMITTERS_BELOW_REQUESTS = 1024
+LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 #: XLA:CPU's copy insertion by region analysis (off by default) leaves out copies of the state's
 #: tables that the default analysis adds around the step's loops (a faster step, the same results;
 #: docs/wsc_llm.md, "Performance").
@@ -93,16 +99,25 @@ def _sharding(g: int, shard: bool):
     return NamedSharding(mesh, PartitionSpec("points"))
 
 
-def _compiled(inputs, state, restart, shape: ServingShape, chunk_steps: int, requests: int, sharding=None):
-    """The compiled scan for a run of ``requests`` simulated requests in all (they pick the optimisation
-    level), its lanes split over ``sharding``'s devices (:func:`_sharding`) or on one device."""
+def compile_options(requests: int) -> dict:
+    """XLA options of the serving program for a run of ``requests`` simulated requests in all: LLVM level 1
+    from :data:`OPTIMISE_FROM_REQUESTS` on, else level 0, and :data:`LOOP_EMITTERS` below
+    :data:`LOOP_EMITTERS_BELOW_REQUESTS`."""
     level = 1 if requests >= OPTIMISE_FROM_REQUESTS else 0
+    emitters = LOOP_EMITTERS if requests < LOOP_EMITTERS_BELOW_REQUESTS else {}
+    return {"xla_backend_optimization_level": level, **COPY_INSERTION, **emitters}
+
+
+def _compiled(inputs, state, restart, shape: ServingShape, chunk_steps: int, requests: int, sharding=None):
+    """The compiled scan for a run of ``requests`` simulated requests in all (:func:`compile_options`), its
+    lanes split over ``sharding``'s devices (:func:`_sharding`) or on one device."""
+    options = compile_options(requests)
     mesh = None if sharding is None else sharding.mesh
-    key = (shape, chunk_steps, level, mesh, jax.tree_util.tree_structure(inputs),
+    key = (shape, chunk_steps, tuple(sorted(options.items())), mesh, jax.tree_util.tree_structure(inputs),
            tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs)))
     if key not in _COMPILED:
         _COMPILED[key] = run_batch(shape, chunk_steps, mesh).lower(inputs, state, restart).compile(
-            compiler_options={"xla_backend_optimization_level": level, **COPY_INSERTION})
+            compiler_options=options)
     return _COMPILED[key]
 
 
@@ -355,4 +370,4 @@ def simulate(points: Sequence[tuple[ServingSetup, Trace]], dtype=jnp.float32, ba
                             compile_s=compile_s, steps=steps, simulated_requests=simulated)
 
 
-__all__ = ["BatchOutput", "simulate_batch", "SimulationReport", "simulate", "expected_steps"]
+__all__ = ["BatchOutput", "simulate_batch", "compile_options", "SimulationReport", "simulate", "expected_steps"]
