@@ -36,7 +36,8 @@ COMPILER_OPTIONS = compiler_options()
 #: compile options of a program whose call is almost all compilation (a single configuration, or a block
 #: of a few): XLA:CPU's loop emitters instead of its MLIR fusion emitters, which pay a fixed cost for
 #: each of the program's hundreds of kernels.  Their kernels run the spill passes several times slower,
-#: so programs over many configurations keep the fusion emitters (docs/performance.md, "Compilation").
+#: so programs over many configurations keep the fusion emitters (docs/performance.md, "Programs whose
+#: call is almost all compilation").
 COMPILE_BOUND_OPTIONS = {**COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": False}
 
 

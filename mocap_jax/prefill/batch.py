@@ -228,7 +228,7 @@ def block_options(shape: SimShape, count: int, block: int = BLOCK) -> dict:
 
 @functools.lru_cache(maxsize=128)
 def _program(shape: SimShape, fields: tuple, axes_leaves: tuple, treedef, devices: tuple, step: int,
-             options: tuple = tuple(COMPILER_OPTIONS.items())):
+             options: tuple):
     """The compiled block program: ``(batched leaves, shared leaves) -> fields``, each device taking
     its share of the block's configurations (``shard_map``); ``options``: compile options as items."""
     fn = functools.partial(evaluate_steps, treedef=treedef, axes_leaves=axes_leaves, shape=shape, fields=fields,
