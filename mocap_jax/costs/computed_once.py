@@ -33,12 +33,14 @@ def compiler_options(*disabled_passes: str) -> dict:
 
 #: compile options of every program that runs the evaluator
 COMPILER_OPTIONS = compiler_options()
-#: compile options of a program whose call is almost all compilation (a single configuration, or a block
-#: of a few): XLA:CPU's loop emitters instead of its MLIR fusion emitters, which pay a fixed cost for
-#: each of the program's hundreds of kernels.  Their kernels run the spill passes several times slower,
-#: so programs over many configurations keep the fusion emitters (docs/performance.md, "Programs whose
-#: call is almost all compilation").
-COMPILE_BOUND_OPTIONS = {**COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": False}
+#: XLA:CPU's loop emitters instead of its MLIR fusion emitters, which pay a fixed cost for each of a
+#: program's hundreds of kernels; their kernels run the spill passes and the serving step several times
+#: slower, so only programs whose call is almost all compilation use them (docs/performance.md,
+#: "Programs whose call is almost all compilation").
+LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+#: compile options of an evaluator program whose call is almost all compilation (a single configuration,
+#: or a block of a few)
+COMPILE_BOUND_OPTIONS = {**COMPILER_OPTIONS, **LOOP_EMITTERS}
 
 
 def computed_once(values):
@@ -47,5 +49,5 @@ def computed_once(values):
     return jax.lax.optimization_barrier(values)
 
 
-__all__ = ["BARRIER_PASS", "COMPILE_BOUND_OPTIONS", "COMPILER_OPTIONS", "HOIST_PASS", "compiler_options",
-           "computed_once"]
+__all__ = ["BARRIER_PASS", "COMPILE_BOUND_OPTIONS", "COMPILER_OPTIONS", "HOIST_PASS", "LOOP_EMITTERS",
+           "compiler_options", "computed_once"]

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..costs.computed_once import LOOP_EMITTERS
 from ..specs import checks
 from .metrics import ServingResult, aggregate_metrics, check_clock, infeasible_metrics, request_metrics
 from .serving_inputs import ServingInputs, ServingShape, pack_inputs, request_bucket, shape_for, stack_inputs
@@ -46,11 +47,9 @@ _COMPILED: dict = {}
 #: (where compilation dominates) at level 0.
 OPTIMISE_FROM_REQUESTS = 4096
 #: Runs of fewer than LOOP_EMITTERS_BELOW_REQUESTS simulated requests also compile with XLA:CPU's loop
-#: emitters instead of its MLIR fusion emitters: those pay a fixed cost for each of the program's
-#: hundreds of kernels, which dominates a run this short, while their faster kernels pay it back only
-#: over many steps (about even at 1,280 requests; docs/wsc_llm.md, "Performance").
+#: emitters (:data:`~mocap_jax.costs.computed_once.LOOP_EMITTERS`), whose cheaper compile outweighs
+#: their slower steps in a run this short (about even at 1,280 requests; docs/wsc_llm.md, "Performance").
 LOOP_EMITTERS_BELOW_REQUESTS = 1024
-LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 #: XLA:CPU's copy insertion by region analysis (off by default) leaves out copies of the state's
 #: tables that the default analysis adds around the step's loops (a faster step, the same results;
 #: docs/wsc_llm.md, "Performance").
