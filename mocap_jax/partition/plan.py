@@ -100,14 +100,14 @@ def plan_chunk_count(cfg, M: int, settings: PlanSettings, batch, arrivals, use_m
     dp_units = dp.partition // g
     init = np.stack([dp_units if c % 2 == 0 else uni for c in range(settings.chains)])
     if before_search is not None:
-        before_search(float(np.min(evaluate_states(problem, init, ctx)[0])))
+        before_search(float(np.min(evaluate_states(problem, init, ctx, steps=settings.steps)[0])))
     t0 = time.perf_counter()
     res = anneal(problem, ctx, init, settings.seed, steps=settings.steps, progress=progress)
     wall = time.perf_counter() - t0
     starts = np.stack([uni, dp_units, res.x])
     # scored by the search's own compiled program: as many rows as it has chains
     rows = np.concatenate([starts, np.broadcast_to(res.x, (max(settings.chains - 3, 0), M))])
-    values, batches = (v[:3] for v in evaluate_states(problem, rows, ctx))
+    values, batches = (v[:3] for v in evaluate_states(problem, rows, ctx, steps=settings.steps))
     best = int(np.argmin(values))
     batches = [int(b) for b in batches]
     label = ("uniform", "dp", "annealed")

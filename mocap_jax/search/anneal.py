@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from ..costs import pytree
-from ..costs.computed_once import COMPILER_OPTIONS
+from ..costs.computed_once import COMPILE_BOUND_OPTIONS, COMPILER_OPTIONS
 
 Array = Any
 
@@ -43,6 +43,17 @@ PENALTY = 1e6
 #: steps queued ahead of the running one: queueing thousands at once ran 20-80% slower on a 2-core
 #: CPU; waiting every few steps still hides the dispatch
 DISPATCH_AHEAD = 8
+#: a search of fewer chain steps (chains x steps) compiles its step program with the options of a
+#: program whose call is almost all compilation (XLA:CPU's loop emitters: about half the compile,
+#: objectives with MBKR spill passes several times slower per step; docs/performance.md, "Programs
+#: whose call is almost all compilation")
+LOOP_EMITTERS_BELOW_CHAIN_STEPS = 2048
+
+
+def compile_bound(chain_steps: int) -> bool:
+    """Whether a search of ``chain_steps`` chain steps compiles with the compile-bound options
+    (:data:`LOOP_EMITTERS_BELOW_CHAIN_STEPS`)."""
+    return chain_steps < LOOP_EMITTERS_BELOW_CHAIN_STEPS
 
 
 @pytree
@@ -180,16 +191,18 @@ def chain_devices(chains: int, devices: int | None = None) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(problem, devices: tuple, steps_per_call: int = 1):
+def _programs(problem, devices: tuple, steps_per_call: int, short: bool):
     """The compiled step program (one step per call, or ``count`` steps in a loop when
-    ``steps_per_call > 1``) for chains split over ``devices``, and where to put inputs."""
+    ``steps_per_call > 1``) for chains split over ``devices``, and where to put inputs; ``short``:
+    compiled with the compile-bound options (:func:`compile_bound`)."""
+    options = COMPILE_BOUND_OPTIONS if short else COMPILER_OPTIONS
     def fn(chains, seed, schedule, ctx, count):
         if steps_per_call == 1:
             return step(problem, chains, seed, schedule, ctx)
         return jax.lax.fori_loop(0, count, lambda _, c: step(problem, c, seed, schedule, ctx), chains)
 
     if len(devices) == 1:
-        return jax.jit(fn, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS), None, None
+        return jax.jit(fn, donate_argnums=(0,), compiler_options=options), None, None
     mesh = jax.make_mesh((len(devices),), ("chains",), axis_types=(AxisType.Auto,), devices=devices)
     rows, shared = PartitionSpec("chains"), PartitionSpec()
     chain_spec = Chains(x=rows, value=rows, best=rows, best_value=rows, accepted=rows, aux=rows, index=rows,
@@ -198,7 +211,7 @@ def _programs(problem, devices: tuple, steps_per_call: int = 1):
                             out_specs=chain_spec, check_vma=False)
     place_rows = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), chain_spec,
                                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-    program = jax.jit(stepped, donate_argnums=(0,), compiler_options=COMPILER_OPTIONS)
+    program = jax.jit(stepped, donate_argnums=(0,), compiler_options=options)
     return program, place_rows, NamedSharding(mesh, shared)
 
 
@@ -213,10 +226,12 @@ class _Run(NamedTuple):
     ctx: Any
 
 
-def _first_step(problem, x0, aux, ctx, seed: int, devices, steps_per_call: int) -> tuple[Chains, _Run]:
+def _first_step(problem, x0, aux, ctx, seed: int, devices, steps_per_call: int, steps: int) -> tuple[Chains, _Run]:
     """Chains at ``x0 [C, D]`` after their first step, which evaluates ``x0`` itself (objectives
-    relative to 1; the cooling schedule does not enter it), and the run that took it."""
-    stepped, rows, shared = _programs(problem, chain_devices(x0.shape[0], devices), steps_per_call)
+    relative to 1; the cooling schedule does not enter it), and the run that took it: the program of
+    a search of ``steps`` steps."""
+    C = x0.shape[0]
+    stepped, rows, shared = _programs(problem, chain_devices(C, devices), steps_per_call, compile_bound(C * steps))
     put = (lambda x, where: jax.device_put(x, where)) if rows is not None else (lambda x, where: x)
     run = _Run(stepped, put, rows, shared, put(np.uint32(seed), shared), put(ctx, shared))
     first = Schedule(t_start=np.float32(1.0), t_end=np.float32(1.0), steps=np.int32(1), reference=np.float32(1.0))
@@ -224,17 +239,19 @@ def _first_step(problem, x0, aux, ctx, seed: int, devices, steps_per_call: int) 
     return chains, run
 
 
-def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def evaluate_states(problem, xs, ctx, aux=None, devices: int | None = None,
+                    steps: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``problem.evaluate`` of ``xs [C, D]`` (auxiliary states ``aux [C]``, default the problem's
     ``initial_aux``): ``(values [C], aux [C])``, values ``inf`` where infeasible (or at least
     :data:`PENALTY`).
 
     It runs the annealer's own step program (whose first step evaluates the states it starts
-    from), so scoring as many states over the same devices as a finished search compiles nothing.
+    from), so scoring as many states over the same devices as a search of ``steps`` steps compiles
+    nothing beside that search.
     """
     xs = np.asarray(xs, np.int32)
     aux = np.asarray(problem.initial_aux(ctx, xs.shape[0]) if aux is None else aux, np.int32)
-    chains, _ = _first_step(problem, xs, aux, ctx, 0, devices, 1)
+    chains, _ = _first_step(problem, xs, aux, ctx, 0, devices, 1, steps)
     values = np.asarray(chains.value)
     return np.where(values >= PENALTY, np.inf, values), np.asarray(chains.aux)
 
@@ -276,7 +293,7 @@ def anneal(problem, ctx, x0, seed: int, steps: int = 2000, t_start: float = 0.02
     if progress is not None:
         progress(0, steps)
     # the first step evaluates the starting states (objectives relative to 1), which fix the reference
-    chains, run = _first_step(problem, x0, aux, ctx, seed, devices, steps_per_call)
+    chains, run = _first_step(problem, x0, aux, ctx, seed, devices, steps_per_call, steps)
     stepped, put, rows, shared = run.stepped, run.put, run.rows, run.shared
     values = np.asarray(chains.value)
     finite = values[values < PENALTY]

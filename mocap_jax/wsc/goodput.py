@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..costs import ModelParams, pytree
+from ..costs.computed_once import LOOP_EMITTERS
 from ..specs import LIMITS, checks
 from . import perf
 from .hardware import WaferParams
@@ -125,8 +126,12 @@ def instance_goodput(model: ModelParams, hw: WaferParams, plan: TPPlan, wl: Work
     }
 
 
-@partial(jax.jit, static_argnames=("max_batch",))
+@partial(jax.jit, static_argnames=("max_batch",), compiler_options=LOOP_EMITTERS)
 def goodput_batch(model, hw, plans, wl, targets, max_batch):
-    """``instance_goodput`` over hardware points ``[H]`` x instance plans ``[C]`` -> leaves ``[H, C]``."""
+    """``instance_goodput`` over hardware points ``[H]`` x instance plans ``[C]`` -> leaves ``[H, C]``.
+
+    A call (at most a few hundred plans and hardware points) takes milliseconds and its compilation
+    most of a second, so the program compiles with XLA:CPU's loop emitters
+    (:data:`~mocap_jax.costs.computed_once.LOOP_EMITTERS`)."""
     per_hw = lambda h: jax.vmap(lambda p: instance_goodput(model, h, p, wl, targets, max_batch))(plans)
     return jax.vmap(per_hw)(hw)
