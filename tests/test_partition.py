@@ -137,6 +137,30 @@ def test_own_batch_search_is_exact():
             np.testing.assert_array_equal(search(allp, hint.astype(np.int32)), expect, err_msg=f"window {window}")
 
 
+def test_a_short_search_compiled_with_the_loop_emitters_takes_the_fusion_emitters_path(monkeypatch):
+    """A search of few chain steps compiles with XLA:CPU's loop emitters, a long one with its fusion
+    emitters: the same objective values (to float32 rounding) and the same moves, on an MBKR instance
+    whose B' search runs the spill passes."""
+    import mocap_jax.search.anneal as anneal_module
+
+    rng = np.random.default_rng(11)
+    cfg, problem, ctx, U, g = _instance(1, rng)
+    x0 = np.broadcast_to(compositions(U, 3)[0], (16, 3))
+    states = compositions(U, 3)[:16]
+    assert anneal_module.compile_bound(16 * 40)
+    short = anneal(problem, ctx, x0, 5, steps=40, devices=1)
+    short_values, short_batches = evaluate_states(problem, states, ctx, devices=1, steps=40)
+    monkeypatch.setattr(anneal_module, "LOOP_EMITTERS_BELOW_CHAIN_STEPS", 0)
+    assert not anneal_module.compile_bound(16 * 40)
+    long = anneal(problem, ctx, x0, 5, steps=40, devices=1)
+    long_values, long_batches = evaluate_states(problem, states, ctx, devices=1, steps=40)
+    np.testing.assert_array_equal(short_batches, long_batches)
+    np.testing.assert_allclose(short_values, long_values, rtol=1e-6)
+    np.testing.assert_array_equal(short.chain_states, long.chain_states)
+    assert short.accept_rate == long.accept_rate
+    np.testing.assert_allclose(short.chain_best, long.chain_best, rtol=1e-6)
+
+
 def test_annealing_is_deterministic_and_independent_of_the_device_split(monkeypatch):
     rng = np.random.default_rng(9)
     cfg, problem, ctx, U, g = _instance(0, rng)
