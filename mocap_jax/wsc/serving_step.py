@@ -142,24 +142,42 @@ class _LaneRows:
         return self.table[(self.lane,) + (index if isinstance(index, tuple) else (index,))]
 
 
+def _lane_leaves(tree, lane):
+    """Lane ``lane`` of every array leaf of ``tree`` (other leaves as they are).  The lanes' scalars
+    (``[G]`` leaves) are read as one row of a ``[G, n]`` stack per dtype: read one by one, each is a
+    gather of its own, a kernel that XLA:CPU compiles and launches separately (some forty of them
+    per decode boundary), while the stack of the inputs' scalars is computed once per call."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = list(leaves)
+    scalars: dict = {}
+    for i, x in enumerate(leaves):
+        if isinstance(x, jax.Array) and x.ndim == 1:
+            scalars.setdefault(x.dtype, []).append(i)
+        elif isinstance(x, jax.Array):
+            out[i] = x[lane]
+    for index in scalars.values():
+        row = jnp.stack([leaves[i] for i in index], axis=1)[lane]
+        for j, i in enumerate(index):
+            out[i] = row[j]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
 def _lane_view(inp: ServingInputs, st: ServingState, lane):
     """What a decode boundary reads of lane ``lane`` of a batch: the tables with a row per decode
     instance or per request (the state's decode and request tables, the requests, and the ``decode_*``
     and ``read_*`` inputs) as rows (:class:`_LaneRows`), the rest (scalars, per-die and per-link
-    vectors, the transfers in flight) whole."""
-    whole = lambda tree: jax.tree_util.tree_map(lambda x: x[lane], tree)
+    vectors, the transfers in flight) whole (:func:`_lane_leaves`)."""
     rows = lambda tree: jax.tree_util.tree_map(lambda x: _LaneRows(x, lane), tree)
 
     def by_name(tree):
         pick = lambda name: name.startswith(("decode_", "read_"))
-        return dataclasses.replace(tree, **{f.name: (rows if pick(f.name) else whole)(getattr(tree, f.name))
-                                            for f in dataclasses.fields(tree)})
+        return dataclasses.replace(tree, **{f.name: rows(getattr(tree, f.name)) for f in dataclasses.fields(tree)
+                                            if pick(f.name)})
 
-    lane_inp = dataclasses.replace(whole(inp), requests=rows(inp.requests), layout=by_name(inp.layout),
+    lane_inp = dataclasses.replace(inp, requests=rows(inp.requests), layout=by_name(inp.layout),
                                    traffic=by_name(inp.traffic))
-    lane_st = dataclasses.replace(whole(st), decode=rows(st.decode), requests=rows(st.requests),
-                                  traffic=by_name(st.traffic))
-    return lane_inp, lane_st
+    lane_st = dataclasses.replace(st, decode=rows(st.decode), requests=rows(st.requests), traffic=by_name(st.traffic))
+    return _lane_leaves(lane_inp, lane), _lane_leaves(lane_st, lane)
 
 
 def _packed_boundaries(inp: ServingInputs, st: ServingState, due: DueBoundaries, sh: ServingShape, capacity: int):
