@@ -253,6 +253,7 @@ def test_mbkr_converged_says_whether_the_last_pass_kept_its_timeline():
     spills nothing is converged."""
     from mocap_jax.api.config import resolve
     from mocap_jax.bench.pipeline import random_partitions
+    from mocap_jax.costs.computed_once import COMPILE_BOUND_OPTIONS
     from mocap_jax.prefill.evaluate import evaluate
     from mocap_jax.prefill.points import batched_items
     from mocap_jax.schedule.items import Chunks
@@ -266,7 +267,8 @@ def test_mbkr_converged_says_whether_the_last_pass_kept_its_timeline():
     finish, converged, spilled = {}, {}, None
     for passes in (0, 1, 2, 3, 4):
         shape = cfg.shape(M)._replace(passes=max(passes, 1), mbkr=cfg.shape(M).mbkr if passes else MBKRMode.OFF)
-        ev = jax.jit(jax.vmap(lambda p: evaluate(p, shape), in_axes=(axes,)))(points)
+        # a call this small compiles as the product's small blocks do (prefill/batch.block_options)
+        ev = jax.jit(jax.vmap(lambda p: evaluate(p, shape), in_axes=(axes,)), compiler_options=COMPILE_BOUND_OPTIONS)(points)
         finish[passes], converged[passes] = np.asarray(ev.finish), np.asarray(ev.mbkr_converged)
         if passes == 3:
             spilled = np.asarray(ev.spilled_bytes_per_stage).sum(1) > 0
