@@ -396,3 +396,22 @@ def test_bench_peer_never_rebuilds_a_folder_it_did_not_create(tmp_path, capsys):
     code, _, err = run(["bench", "peer", "--venv", str(env)], capsys)
     assert code == 2 and "holds files the peer benchmark did not create" in err and err.count("\n") == 1
     assert (env / "notes.txt").read_text() == "mine" and (env / "bin" / "python").exists()
+
+
+def test_bench_pipeline_and_anneal_run_at_a_tiny_size(capsys):
+    """Smoke runs of the two benchmarks without a smoke test of their own elsewhere: they report the
+    configuration they measured, and what they claim of it holds (the MBKR points spill at the
+    benchmark's default batch; annealing never reports a best worse than the uniform partition)."""
+    import jax
+
+    small = ["--model", "llama3.1-8b", "--hardware", "mocap-2x2", "--seq-len", "16384", "--chunks", "4"]
+    code, out, _ = run(["bench", "pipeline", *small, "--scheme", "mbkr", "--points", "32", "--block", "32",
+                        "--repeats", "1", "--json"], capsys)
+    r = json.loads(out)
+    assert code == 0 and (r["points"], r["scheme"], r["chunks"], r["seq_len"]) == (32, "mbkr", 4, 16384)
+    assert r["devices"] == jax.local_device_count() and r["spilling_share"] > 0
+    code, out, _ = run(["bench", "anneal", *small, "--granularity", "256", "--chains", "4", "--steps", "2", "--json",
+                        "--quiet"], capsys)
+    r = json.loads(out)
+    assert code == 0 and (r["chains"], r["steps"], r["chunks"]) == (4, 2, 4)
+    assert r["best_objective_s"] <= r["uniform_objective_s"] * (1 + 1e-6) and r["uniform_batch"] >= 1
