@@ -44,9 +44,9 @@ PENALTY = 1e6
 #: CPU; waiting every few steps still hides the dispatch
 DISPATCH_AHEAD = 8
 #: a search of fewer chain steps (chains x steps) compiles its step program with the options of a
-#: program whose call is almost all compilation (XLA:CPU's loop emitters: about half the compile,
-#: objectives with MBKR spill passes several times slower per step; docs/performance.md, "Programs
-#: whose call is almost all compilation")
+#: program whose call is almost all compilation (XLA:CPU's loop emitters: a shorter compile, but an
+#: objective's MBKR spill passes several times slower per step; docs/performance.md, "Programs whose
+#: call is almost all compilation")
 LOOP_EMITTERS_BELOW_CHAIN_STEPS = 2048
 
 
