@@ -143,8 +143,6 @@ def test_a_short_search_compiled_with_the_loop_emitters_takes_the_fusion_emitter
     instance and chains are the next test's, whose short search compiles the same program; MBKR blocks
     compiled each way, spill passes included, are compared in
     test_simulate.py::test_blocks_sharded_over_the_devices_equal_one_device.)"""
-    import mocap_jax.search.anneal as anneal_module
-
     rng = np.random.default_rng(9)
     cfg, problem, ctx, U, g = _instance(0, rng)
     x0 = np.broadcast_to(compositions(U, 3)[0], (16, 3))
