@@ -143,17 +143,19 @@ class _LaneRows:
 
 
 def _lane_leaves(tree, lane):
-    """Lane ``lane`` of every array leaf of ``tree`` (other leaves as they are).  The lanes' scalars
-    (``[G]`` leaves) are read as one row of a ``[G, n]`` stack per dtype: read one by one, each is a
-    gather of its own, a kernel that XLA:CPU compiles and launches separately (some forty of them
-    per decode boundary), while the stack of the inputs' scalars is computed once per call."""
+    """Lane ``lane`` of every leaf of ``tree`` but its :class:`_LaneRows` (read where they are used).
+    The lanes' scalars (``[G]`` leaves) are read as one row of a ``[G, n]`` stack per dtype: read one
+    by one, each is a gather of its own, a kernel that XLA:CPU compiles and launches separately (some
+    forty of them per decode boundary), while the stack of the inputs' scalars is computed once per call."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     out = list(leaves)
     scalars: dict = {}
     for i, x in enumerate(leaves):
-        if isinstance(x, jax.Array) and x.ndim == 1:
+        if isinstance(x, _LaneRows):
+            continue
+        if x.ndim == 1:
             scalars.setdefault(x.dtype, []).append(i)
-        elif isinstance(x, jax.Array):
+        else:
             out[i] = x[lane]
     for index in scalars.values():
         row = jnp.stack([leaves[i] for i in index], axis=1)[lane]
